@@ -1,0 +1,1 @@
+"""Streamlit dashboard (issue 3); intentionally empty until then."""

