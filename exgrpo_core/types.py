@@ -39,12 +39,14 @@ class Generation:
     response_ids: [T] sampled token ids (EOS included when generated, no padding).
     logprobs: [T] sampler log-probs of the sampled tokens (at the sampling temperature).
     truncated: stopped by max_response_tokens instead of EOS.
+    entropies: [T] entropy of the sampling distribution at each step (after temperature / top-p).
     """
 
     response_ids: list[int]
     logprobs: list[float]
     text: str
     truncated: bool
+    entropies: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -91,16 +93,27 @@ class Experience:
 
 @dataclass
 class GroupResult:
-    """The verified group of one question at one step (K rollouts, the replayed one included)."""
+    """The verified group of one question at one step.
+
+    rollouts: the fresh responses (K, or K-1 for an experiential question).
+    replayed: 1 when a stored correct trajectory completes the mixed group (chosen after the buffer
+    update, SPEC §2 data flow), so k and size count it without it being a new rollout.
+    """
 
     question_uid: str
     rollouts: list[Rollout]
     is_replay: bool = False
+    replayed: int = 0
 
     @property
     def k(self) -> int:
-        """Number of correct responses in the group."""
-        return sum(1 for r in self.rollouts if r.reward > 0)
+        """Number of correct responses in the (mixed) group."""
+        return sum(1 for r in self.rollouts if r.reward > 0) + self.replayed
+
+    @property
+    def size(self) -> int:
+        """Group size: fresh rollouts plus the replayed trajectory."""
+        return len(self.rollouts) + self.replayed
 
 
 @dataclass
