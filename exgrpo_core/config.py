@@ -195,15 +195,25 @@ class ExGRPOConfig(_Section):
     preset: str = "custom"
     """Name of the YAML preset this config was loaded from."""
     run: RunConfig = RunConfig()
+    """Run identity, storage locations, steps and checkpoints."""
     model: ModelConfig = ModelConfig()
+    """Policy model."""
     data: DataConfig = DataConfig()
+    """Training / evaluation questions and prompt format."""
     rollout: RolloutConfig = RolloutConfig()
+    """Sampling of K responses per question (SPEC §1.1)."""
     reward: RewardConfig = RewardConfig()
+    """math-verify grading (SPEC §1.1)."""
     buffer: BufferConfig = BufferConfig()
+    """Experience collection, retirement, replay ratio and delayed start (SPEC §1.2-1.3)."""
     selection: SelectionConfig = SelectionConfig()
+    """Question and trajectory selection for replay (SPEC §1.2)."""
     loss: LossConfig = LossConfig()
+    """Mixed-policy objective (SPEC §1.3)."""
     train: TrainConfig = TrainConfig()
+    """Batching and optimiser."""
     eval: EvalConfig = EvalConfig()
+    """Periodic evaluation."""
 
     @model_validator(mode="after")
     def _check(self) -> "ExGRPOConfig":

@@ -1,0 +1,65 @@
+"""Turn rollouts and replayed trajectories into right-padded training tensors (`TrainBatch`).
+
+Row layout: prompt tokens then response tokens then padding. Position t of `old_logprobs` holds the
+behaviour log-prob of token t, matching `policy.token_logprobs_and_entropy`, which scores token t
+from the tokens before it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from exgrpo_core.types import Rollout, TrainBatch
+
+
+def collate(rollouts: list[Rollout], advantages: list[float], pad_id: int,
+            question_index: list[int] | None = None) -> TrainBatch:
+    """Pack N rollouts into `TrainBatch` tensors of width L = max(P + T).
+
+    Args:
+        rollouts: fresh rollouts and replayed trajectories (`replayed_from` set), N of them.
+        advantages: [N] group-relative advantage of each row.
+        pad_id: token used for padding (masked out everywhere).
+        question_index: [N] batch position of each row's question (mini-batches split on it).
+    """
+    if len(rollouts) != len(advantages):
+        raise ValueError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
+    width = max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
+    n = len(rollouts)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    response = torch.zeros((n, width), dtype=torch.bool)
+    old = torch.zeros((n, width), dtype=torch.float32)
+    for i, r in enumerate(rollouts):
+        p, t = len(r.prompt_ids), len(r.response_ids)
+        input_ids[i, :p + t] = torch.tensor(r.prompt_ids + r.response_ids, dtype=torch.long)
+        attention[i, :p + t] = 1
+        response[i, p:p + t] = True
+        old[i, p:p + t] = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
+    return TrainBatch(
+        input_ids=input_ids, attention_mask=attention, response_mask=response,
+        advantages=torch.tensor(advantages, dtype=torch.float32), old_logprobs=old,
+        is_replay=torch.tensor([r.replayed_from is not None for r in rollouts], dtype=torch.bool),
+        meta={"question_index": list(question_index) if question_index is not None else list(range(n))})
+
+
+def select_rows(batch: TrainBatch, rows: list[int]) -> TrainBatch:
+    """A sub-batch (mini- or micro-batch) trimmed to its own longest row."""
+    idx = torch.tensor(rows, dtype=torch.long)
+    width = int(batch.attention_mask[idx].sum(-1).max().item()) if rows else 0
+    return TrainBatch(
+        input_ids=batch.input_ids[idx, :width], attention_mask=batch.attention_mask[idx, :width],
+        response_mask=batch.response_mask[idx, :width], advantages=batch.advantages[idx],
+        old_logprobs=batch.old_logprobs[idx, :width], is_replay=batch.is_replay[idx],
+        meta={"question_index": [batch.meta["question_index"][i] for i in rows]})
+
+
+def minibatch_rows(question_index: list[int], n_minibatches: int) -> list[list[int]]:
+    """Split rows into n mini-batches by question, keeping each question's group together."""
+    questions = sorted(set(question_index))
+    per = -(-len(questions) // max(n_minibatches, 1))
+    out = []
+    for i in range(0, len(questions), per):
+        chosen = set(questions[i:i + per])
+        out.append([r for r, q in enumerate(question_index) if q in chosen])
+    return [rows for rows in out if rows]

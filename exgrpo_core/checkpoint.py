@@ -1,0 +1,62 @@
+"""Resumable checkpoints: model + tokenizer, optimiser, RNG states, step and loop state.
+
+Layout: `run_dir/checkpoints/step_000010/{model files, trainer_state.pt}`, written to a temporary
+folder and renamed, so a kill mid-save never leaves a half checkpoint that looks complete. The
+experience database is rolled back to the checkpoint's step on resume (`ExperienceStore.rollback_to`).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STATE_FILE = "trainer_state.pt"
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint folder, or None."""
+    root = checkpoint_dir(run_dir)
+    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file()) if root.is_dir() else []
+    return done[-1] if done else None
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer, loop_state: dict,
+                    keep: int = 2) -> Path:
+    """Write step `step` atomically and prune all but the `keep` newest checkpoints."""
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:06d}"
+    tmp = root / f".tmp_step_{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(), "loop": loop_state},
+               tmp / STATE_FILE)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_trainer_state(path: str | Path) -> dict:
+    """The optimiser / RNG / loop state saved beside the model weights."""
+    return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=False)

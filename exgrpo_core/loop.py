@@ -1,0 +1,222 @@
+"""One ExGRPO iteration, stage by stage, in the order of the paper's algorithm box (SPEC §2).
+
+select questions (fresh + experiential) -> rollout -> verify -> buffer update (one transaction)
+-> entropy recompute + trajectory selection -> mixed groups + advantages -> optimise -> metrics.
+Each stage is one function of the session returning plain records and a stats dict; the Prefect
+flow calls them as tasks, `run_iteration` calls them directly (tests, benchmarks).
+Deviation: replay switches on *at* the step whose correct fraction first exceeds the threshold, so
+that step's experience is collected and replayed from the next step on.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from exgrpo_core import losses, metrics as M, policy, selection
+from exgrpo_core.advantages import compute_group_advantages
+from exgrpo_core.batch import collate
+from exgrpo_core.optimise import optimise
+from exgrpo_core.session import Session
+from exgrpo_core.types import GroupResult, Rollout
+
+
+@dataclass
+class BatchPlan:
+    """The step's questions: `fresh` get K rollouts, `replay` get K-1 plus one stored trajectory."""
+
+    step: int
+    fresh: list[str]
+    replay: list[str]
+
+
+def plan_batch(s: Session) -> tuple[BatchPlan, dict]:
+    """Draw rho*B experiential questions by bucket weight, and the rest fresh (SPEC §1.2-1.3)."""
+    cfg = s.cfg
+    replay: list[str] = []
+    if s.replay_active and cfg.replay_questions > 0:
+        state = s.store.buffer_state(s.run_id, cfg.rollout.group_size)
+        weights = selection.bucket_weights(cfg.rollout.group_size, cfg.selection.question_weighting,
+                                           cfg.selection.sigma, cfg.selection.sigma_unit)
+        replay = selection.sample_questions(state.buckets, cfg.replay_questions, weights, s.rng)
+    fresh = s.sampler.next(cfg.train.batch_size - len(replay), exclude=set(replay),
+                           retired=s.store.retired_uids(s.run_id) if cfg.buffer.skip_retired_fresh else set(),
+                           skip_retired=cfg.buffer.skip_retired_fresh,
+                           min_remaining=cfg.buffer.min_fresh_remaining)
+    return BatchPlan(s.step, fresh, replay), {}
+
+
+def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
+    """Sample K (fresh) or K-1 (experiential) responses, then score them with the trainer."""
+    t0 = time.perf_counter()
+    K, cfg = s.cfg.rollout.group_size, s.cfg.rollout
+    uids = plan.fresh + plan.replay
+    counts = [K] * len(plan.fresh) + [K - 1] * len(plan.replay)
+    rollouts: list[Rollout] = []
+    for n in sorted(set(counts)):
+        chosen = [u for u, c in zip(uids, counts) if c == n]
+        gens = s.engine.generate([s.prompt_ids(u) for u in chosen], n, temperature=cfg.temperature,
+                                 max_new_tokens=cfg.max_response_tokens)
+        for uid, group in zip(chosen, gens):
+            rollouts += [Rollout(uid, s.prompt_ids(uid), g.response_ids, g.logprobs, g.text, g.truncated, plan.step)
+                         for g in group]
+    sampler_logp = [r.behaviour_logprobs for r in rollouts]
+    score_rollouts(s, rollouts)
+    gap = [abs(a - b) for r, sl in zip(rollouts, sampler_logp) for a, b in zip(r.behaviour_logprobs, sl)]
+    tokens = sum(len(r.response_ids) for r in rollouts)
+    dt = time.perf_counter() - t0
+    return rollouts, {
+        M.RESPONSES: float(len(rollouts)), M.TIME_ROLLOUT: dt, M.ROLLOUT_TOKENS_PER_S: tokens / max(dt, 1e-9),
+        M.RESPONSE_LENGTH: tokens / max(len(rollouts), 1),
+        M.TRUNCATION_RATE: sum(r.truncated for r in rollouts) / max(len(rollouts), 1),
+        M.FRESH_ENTROPY: _mean([r.entropy for r in rollouts]), M.SAMPLER_TRAINER_GAP: _mean(gap)}
+
+
+@torch.no_grad()
+def score_rollouts(s: Session, rollouts: list[Rollout], entropy_kind: str = "mean") -> None:
+    """Trainer log-probs (temperature 1) and H(o) of each rollout, written into the records (SPEC §1.1)."""
+    if not rollouts:
+        return
+    batch = collate(rollouts, [0.0] * len(rollouts), s.engine.pad_id)
+    was_training = s.model.training
+    s.model.eval()
+    logp, ent = policy.token_logprobs_and_entropy(
+        s.model, batch.input_ids.to(s.accelerator.device), batch.attention_mask.to(s.accelerator.device),
+        micro_batch_size=2 * s.cfg.train.micro_batch_size, with_entropy=entropy_kind == "mean")
+    s.model.train(was_training)
+    mask = batch.response_mask.to(logp.device)
+    h = policy.trajectory_entropy(ent, mask) if entropy_kind == "mean" else policy.trajectory_nll(logp, mask)
+    for i, r in enumerate(rollouts):
+        r.behaviour_logprobs = logp[i][mask[i]].float().cpu().tolist()
+        r.entropy = float(h[i])
+
+
+def verify(s: Session, rollouts: list[Rollout]) -> dict:
+    """Grade every response with the verifier; switch replay on when the batch is good enough."""
+    t0 = time.perf_counter()
+    results = s.verify([r.text for r in rollouts], [s.questions[r.question_uid].answer for r in rollouts])
+    for r, (reward, reason) in zip(rollouts, results):
+        r.reward, r.reason = float(reward), reason
+    frac = selection.batch_correct_fraction([r.reward for r in rollouts])
+    if (not s.replay_active and s.cfg.replay_questions > 0
+            and selection.replay_should_start(frac, s.cfg.buffer.start_threshold)):
+        s.replay_active = True
+        s.store.update_run(s.run_id, replay_active=True, replay_started_step=s.step)
+    return {M.REWARD_MEAN: frac, M.VERIFY_TIMEOUTS: float(sum(r.reason == "timeout" for r in rollouts)),
+            M.VERIFY_NO_ANSWER: float(sum(r.reason == "no_answer" for r in rollouts)),
+            M.REPLAY_ACTIVE: float(s.replay_active), M.TIME_VERIFY: time.perf_counter() - t0}
+
+
+def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple[list[GroupResult], dict]:
+    """Record every group, collect eligible correct responses, retire solved questions: one transaction."""
+    t0 = time.perf_counter()
+    by_uid: dict[str, list[Rollout]] = {}
+    for r in rollouts:
+        by_uid.setdefault(r.question_uid, []).append(r)
+    groups = [GroupResult(u, by_uid[u]) for u in plan.fresh]
+    groups += [GroupResult(u, by_uid[u], is_replay=True, replayed=1) for u in plan.replay]
+    b = s.cfg.buffer
+    stats = s.store.apply_buffer_update(
+        s.run_id, plan.step, groups, group_size=s.cfg.rollout.group_size,
+        collect=s.replay_active or b.collect_before_replay, collect_min_k=b.collect_min_k,
+        collect_max_k=s.cfg.collect_max_k, retire=b.retire_solved, store_all=b.store_all_rollouts)
+    fresh = [r.reward for g in groups if not g.is_replay for r in g.rollouts]
+    stats[M.FRESH_PASS1] = _mean(fresh)
+    stats[M.TIME_BUFFER] = time.perf_counter() - t0
+    return groups, stats
+
+
+def select_trajectories(s: Session, plan: BatchPlan) -> tuple[dict[str, Rollout], dict]:
+    """For each experiential question, replay its stored trajectory chosen by current-policy entropy."""
+    t0 = time.perf_counter()
+    cands = s.store.candidates(s.run_id, plan.replay, before_step=plan.step) if plan.replay else {}
+    rows = [Rollout(uid, s.prompt_ids(uid), e.response_ids, e.behaviour_logprobs, e.text, False, e.step,
+                    reward=1.0, reason="replayed", replayed_from=e.id)
+            for uid in plan.replay for e in cands.get(uid, [])]
+    stored_logp = [list(r.behaviour_logprobs) for r in rows]
+    score_rollouts(s, rows, s.cfg.selection.entropy)  # recompute H(o) under the current policy
+    chosen: dict[str, Rollout] = {}
+    for uid in plan.replay:
+        options = [(r, lp) for r, lp in zip(rows, stored_logp) if r.question_uid == uid]
+        if options:
+            i = selection.choose_trajectory([r.entropy for r, _ in options], s.cfg.selection.trajectory, s.rng)
+            r, lp = options[i]
+            r.behaviour_logprobs = lp  # (code) the trainer's log-probs at collection time
+            chosen[uid] = r
+    s.store.record_replays(s.run_id, plan.step, [(r.replayed_from, r.entropy) for r in chosen.values()])
+    return chosen, {M.REPLAYED_SAMPLES: float(len(chosen)), M.CANDIDATES: float(len(rows)),
+                    M.REPLAYED_ENTROPY: _mean([r.entropy for r in chosen.values()]),
+                    M.TIME_SELECT: time.perf_counter() - t0}
+
+
+def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -> dict:
+    """Mixed groups -> group-relative advantages -> mixed-policy loss -> optimiser steps (SPEC §1.3)."""
+    t0 = time.perf_counter()
+    cfg = s.cfg
+    rows, advs, qidx, stats = [], [], [], {}
+    adv_stats = []
+    for q, g in enumerate(groups):
+        members = g.rollouts + ([replayed[g.question_uid]] if g.question_uid in replayed else [])
+        a, st = compute_group_advantages(torch.tensor([[r.reward for r in members]]), cfg.loss.std_normalize)
+        adv_stats.append(st)
+        rows += members
+        advs += a[0].tolist()
+        qidx += [q] * len(members)
+    for key in (M.SOLVE_ALL, M.SOLVE_NONE):
+        stats[key] = _mean([st[key] for st in adv_stats])
+    clip = cfg.loss.clip_mode == "always" or (cfg.loss.clip_mode == "until_replay" and not s.replay_active)
+    onpolicy_term = (partial(losses.clipped_ratio_term, clip_eps=cfg.loss.clip_eps) if clip
+                     else losses.unclipped_ratio_term)
+    replay_term = (partial(losses.shaped_replay_term, beta=cfg.loss.shaping_beta) if cfg.loss.policy_shaping
+                   else losses.plain_replay_term)
+    batch = collate(rows, advs, s.engine.pad_id, qidx)
+    dev = s.accelerator.device
+    for name in ("input_ids", "attention_mask", "response_mask", "advantages", "old_logprobs", "is_replay"):
+        setattr(batch, name, getattr(batch, name).to(dev))
+    stats.update(optimise(
+        s.model, s.optimizer, s.accelerator, batch,
+        n_minibatches=cfg.train.batch_size // cfg.train.mini_batch_size,
+        micro_batch_size=cfg.train.micro_batch_size, onpolicy_term=onpolicy_term, replay_term=replay_term,
+        aggregation=cfg.loss.aggregation, max_response_len=cfg.rollout.max_response_tokens,
+        entropy_coef=cfg.loss.entropy_coef, kl_coef=cfg.loss.kl_coef, ref_model=s.ref_model,
+        max_grad_norm=cfg.train.max_grad_norm, skip_grad_norm=cfg.train.skip_grad_norm))
+    dt = time.perf_counter() - t0
+    stats[M.TIME_TRAIN] = dt
+    stats[M.TRAIN_TOKENS_PER_S] = float(batch.attention_mask.sum()) / max(dt, 1e-9)
+    stats[M.LR] = s.optimizer.param_groups[0]["lr"]
+    return stats
+
+
+def buffer_snapshot(s: Session) -> dict:
+    """Pool and retired-set sizes and bucket counts k = 0..K after the step (SPEC §1.5)."""
+    K = s.cfg.rollout.group_size
+    state = s.store.buffer_state(s.run_id, K)
+    out = {M.BUFFER_QUESTIONS: float(state.pool_questions), M.BUFFER_TRAJECTORIES: float(state.pool_trajectories),
+           M.RETIRED_QUESTIONS: float(state.retired_questions), M.REPLAY_ACTIVE: float(s.replay_active)}
+    out.update({M.bucket_key(k): float(state.bucket_counts.get(k, 0)) for k in range(K + 1)})
+    return out
+
+
+def run_iteration(s: Session) -> dict:
+    """The whole iteration without an orchestrator: returns the step's metrics and advances the step."""
+    t0 = time.perf_counter()
+    plan, st0 = plan_batch(s)
+    rollouts, st1 = generate(s, plan)
+    st2 = verify(s, rollouts)
+    groups, st3 = update_buffer(s, plan, rollouts)
+    replayed, st4 = select_trajectories(s, plan)
+    st5 = train(s, groups, replayed)
+    out = {**st0, **st1, **st2, **st3, **st4, **st5, **buffer_snapshot(s)}
+    out[M.TIME_ITERATION] = time.perf_counter() - t0
+    s.store.log_metrics(s.run_id, plan.step, out)
+    s.store.update_run(s.run_id, step=plan.step)
+    s.step += 1
+    return out
+
+
+def _mean(xs) -> float:
+    xs = [x for x in xs if x == x]  # drop NaN
+    return float(sum(xs) / len(xs)) if xs else 0.0

@@ -1,0 +1,80 @@
+"""The metric names every run logs per step (SPEC §1.5): one stable, namespaced contract.
+
+Core functions return stats dicts keyed by these names; the flows log them to MLflow and the
+database, and the dashboard reads them. `bucket_key(k)` covers the per-bucket counts.
+"""
+
+from __future__ import annotations
+
+# rollout / verify
+REWARD_MEAN = "rollout/reward_mean"
+FRESH_PASS1 = "rollout/fresh_pass1"
+SOLVE_ALL = "rollout/solve_all"
+SOLVE_NONE = "rollout/solve_none"
+RESPONSE_LENGTH = "rollout/response_length"
+TRUNCATION_RATE = "rollout/truncation_rate"
+FRESH_ENTROPY = "rollout/fresh_entropy"
+SAMPLER_TRAINER_GAP = "rollout/logprob_gap"
+RESPONSES = "rollout/responses"
+VERIFY_TIMEOUTS = "verify/timeouts"
+VERIFY_NO_ANSWER = "verify/no_answer"
+# buffer
+BUFFER_QUESTIONS = "buffer/questions"
+BUFFER_TRAJECTORIES = "buffer/trajectories"
+RETIRED_QUESTIONS = "buffer/retired_questions"
+REPLAY_ACTIVE = "buffer/replay_active"
+COLLECTED = "buffer/collected"
+DUPLICATES = "buffer/duplicates"
+NEWLY_RETIRED = "buffer/newly_retired"
+STORED_ROLLOUTS = "buffer/stored_rollouts"
+# selection
+REPLAYED_SAMPLES = "select/replayed_samples"
+REPLAYED_ENTROPY = "select/replayed_entropy"
+CANDIDATES = "select/candidates"
+# loss / optimisation
+LOSS_TOTAL = "loss/total"
+LOSS_ONPOLICY = "loss/onpolicy"
+LOSS_OFFPOLICY = "loss/offpolicy"
+LOSS_ENTROPY = "loss/entropy"
+LOSS_KL = "loss/kl"
+CLIPFRAC = "loss/clipfrac"
+IW_MEAN = "loss/iw_mean"
+IW_MAX = "loss/iw_max"
+IW_VAR = "loss/iw_var"
+SHAPED_IW_MEAN = "loss/shaped_iw_mean"
+REPLAY_TOKENS = "loss/replay_tokens"
+ONPOLICY_TOKENS = "loss/onpolicy_tokens"
+GRAD_NORM = "loss/grad_norm"
+SKIPPED_STEPS = "loss/skipped_steps"
+OPTIMIZER_STEPS = "loss/optimizer_steps"
+LR = "loss/lr"
+# timings
+TIME_ROLLOUT = "perf/rollout_s"
+TIME_VERIFY = "perf/verify_s"
+TIME_BUFFER = "perf/buffer_s"
+TIME_SELECT = "perf/select_s"
+TIME_TRAIN = "perf/train_s"
+TIME_LOG = "perf/log_s"
+TIME_ITERATION = "perf/iteration_s"
+TIME_CHECKPOINT = "perf/checkpoint_s"
+ROLLOUT_TOKENS_PER_S = "perf/rollout_tokens_per_s"
+TRAIN_TOKENS_PER_S = "perf/train_tokens_per_s"
+# evaluation
+EVAL_PREFIX = "eval/"
+
+
+def bucket_key(k: int) -> str:
+    """`buffer/bucket_3`: number of questions whose latest group had k correct."""
+    return f"buffer/bucket_{k}"
+
+
+STEP_METRICS: tuple[str, ...] = tuple(
+    v for name, v in sorted(globals().items()) if name.isupper() and isinstance(v, str) and "/" in v
+    and not v.endswith("/"))
+
+
+def declared(key: str, group_size: int) -> bool:
+    """True if `key` is part of the contract (fixed names, bucket counts 0..K, eval/*)."""
+    if key in STEP_METRICS or key.startswith(EVAL_PREFIX):
+        return True
+    return key in {bucket_key(k) for k in range(group_size + 1)}

@@ -1,0 +1,90 @@
+"""One training step over a `TrainBatch`: mini-batches, micro-batch accumulation, clipping, skipping.
+
+The loss terms are chosen once by the caller (SPEC §1.3) and passed in; this module only runs
+forward / backward through Accelerate. The denominator is built per mini-batch so accumulation over
+micro-batches is exact. (code) an optimiser step whose gradient norm exceeds `skip_grad_norm` is
+skipped and counted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable
+
+import torch
+
+from exgrpo_core import losses, policy
+from exgrpo_core.batch import minibatch_rows, select_rows
+from exgrpo_core.types import TrainBatch
+
+
+def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches: int,
+             micro_batch_size: int, onpolicy_term: Callable, replay_term: Callable,
+             aggregation: str, max_response_len: int, entropy_coef: float, kl_coef: float,
+             ref_model, max_grad_norm: float, skip_grad_norm: float | None) -> dict[str, float]:
+    """Run `n_minibatches` optimiser steps over the batch; return averaged detached stats."""
+    model.train()
+    sums: dict[str, float] = defaultdict(float)
+    maxes: dict[str, float] = defaultdict(float)
+    steps = skipped = 0
+    for rows in minibatch_rows(batch.meta["question_index"], n_minibatches):
+        mini = select_rows(batch, rows)
+        denom = (losses.token_mean_denominator(mini.response_mask) if aggregation == "token_mean"
+                 else losses.seq_sum_norm_denominator(len(rows), max_response_len))
+        optimizer.zero_grad(set_to_none=True)
+        for start in range(0, len(rows), micro_batch_size):
+            micro = select_rows(mini, list(range(start, min(start + micro_batch_size, len(rows)))))
+            loss, stats = _micro_loss(model, micro, denom, onpolicy_term, replay_term,
+                                      entropy_coef, kl_coef, ref_model, micro_batch_size)
+            accelerator.backward(loss)
+            for k, v in stats.items():
+                if k == "loss/iw_max":
+                    maxes[k] = max(maxes[k], v)
+                elif k.endswith("_tokens") or k in _ADDITIVE:
+                    sums[k] += v
+                else:
+                    sums[k] += v * micro.response_mask.sum().item()
+        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
+        if skip_grad_norm is not None and (grad_norm > skip_grad_norm or not torch.isfinite(torch.tensor(grad_norm))):
+            skipped += 1
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            optimizer.step()
+        sums["loss/grad_norm"] += grad_norm
+        steps += 1
+    optimizer.zero_grad(set_to_none=True)
+    tokens = max(float(batch.response_mask.sum().item()), 1.0)
+    out: dict[str, float] = {}
+    for k, v in sums.items():
+        if k == "loss/grad_norm" or k in _ADDITIVE:
+            out[k] = v / max(steps, 1)  # mean over optimiser steps
+        elif k.endswith("_tokens"):
+            out[k] = v
+        else:
+            out[k] = v / tokens  # token-weighted mean
+    out.update(maxes)
+    out["loss/skipped_steps"] = float(skipped)
+    out["loss/optimizer_steps"] = float(steps)
+    return out
+
+
+# Loss parts whose micro-batch values add up to the mini-batch value (shared denominator).
+_ADDITIVE = ("loss/total", "loss/onpolicy", "loss/offpolicy", "loss/entropy", "loss/kl")
+
+
+def _micro_loss(model, micro: TrainBatch, denom, onpolicy_term, replay_term, entropy_coef,
+                kl_coef, ref_model, micro_batch_size):
+    """Forward one micro-batch and build the mixed-policy loss (ExGRPO Eq. 4, code weighting)."""
+    logp, ent = policy.token_logprobs_and_entropy(
+        model, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size,
+        with_entropy=entropy_coef > 0)
+    ref_logp = None
+    if kl_coef > 0 and ref_model is not None:
+        with torch.no_grad():
+            ref_logp, _ = policy.token_logprobs_and_entropy(
+                ref_model, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size,
+                with_entropy=False)
+    return losses.mixed_policy_loss(
+        logp, micro.old_logprobs, micro.advantages, micro.response_mask, micro.is_replay,
+        onpolicy_term=onpolicy_term, replay_term=replay_term, denominator=denom,
+        entropy_tok=ent, entropy_coef=entropy_coef, ref_logp=ref_logp, kl_coef=kl_coef)

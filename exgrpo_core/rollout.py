@@ -1,0 +1,97 @@
+"""Rollout engines: sample K responses per prompt and return `Generation` records (SPEC §1.1).
+
+The transformers engine batches `generate` over left-padded prompts and reads the sampler's own
+log-probs and entropies from the processed scores (after temperature / top-p). These are the
+*sampler's* numbers; the trainer's behaviour log-probs and H(o) come from `policy.py` (SPEC §1.3).
+The vLLM engine arrives with the scale-out issue behind the same `generate` signature.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from exgrpo_core.types import Generation
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[list[int]], n: int, *, temperature: float,
+                 max_new_tokens: int) -> list[list[Generation]]:
+        """Sample `n` responses for every prompt; result[i] holds the n generations of prompts[i]."""
+
+
+class TransformersEngine:
+    """Batched sampling with `model.generate` (CPU or one GPU)."""
+
+    def __init__(self, model, tokenizer, *, top_p: float = 1.0, batch_size: int = 64):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.top_p = top_p
+        self.batch_size = batch_size
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], n: int, *, temperature: float,
+                 max_new_tokens: int) -> list[list[Generation]]:
+        flat = [p for p in prompts for _ in range(n)]
+        out: list[Generation] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for i in range(0, len(flat), self.batch_size):
+                out.extend(self._generate_chunk(flat[i:i + self.batch_size], temperature, max_new_tokens))
+        finally:
+            self.model.train(was_training)
+        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def _generate_chunk(self, prompts: list[list[int]], temperature: float,
+                        max_new_tokens: int) -> list[Generation]:
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, p in enumerate(prompts):  # left padding: generation continues at the right edge
+            ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[row, width - len(p):] = 1
+        res = self.model.generate(
+            input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True,
+            temperature=temperature, top_p=self.top_p, top_k=0, max_new_tokens=max_new_tokens,
+            pad_token_id=self.pad_id, eos_token_id=self.eos_ids, output_scores=True,
+            return_dict_in_generate=True)
+        seqs = res.sequences[:, width:].cpu()  # [n, T]
+        token_logp = torch.zeros(seqs.shape)  # [n, T]
+        ent = torch.zeros(seqs.shape)  # [n, T]
+        for t, step_scores in enumerate(res.scores):  # one [n, V] at a time: never [n, T, V] in memory
+            logp = torch.log_softmax(step_scores.float(), dim=-1).cpu()
+            token_logp[:, t] = logp.gather(-1, seqs[:, t:t + 1]).squeeze(-1)
+            ent[:, t] = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
+        return [self._record(seqs[r], token_logp[r], ent[r], max_new_tokens) for r in range(len(prompts))]
+
+    def _record(self, seq: torch.Tensor, logp: torch.Tensor, ent: torch.Tensor,
+                max_new_tokens: int) -> Generation:
+        ids = seq.tolist()
+        length = len(ids)
+        for t, tok in enumerate(ids):
+            if tok in self.eos_ids:
+                length = t + 1  # keep the EOS: the policy is trained to stop
+                break
+        truncated = length == len(ids) and (length == 0 or ids[length - 1] not in self.eos_ids)
+        truncated = truncated and len(ids) >= max_new_tokens
+        ids = ids[:length]
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Generation(response_ids=ids, logprobs=logp[:length].tolist(), text=text,
+                          truncated=truncated, entropies=ent[:length].tolist())
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    """All ids that end a response: the generation config's EOS list plus the tokenizer's."""
+    ids: list[int] = []
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for x in (gen_eos if isinstance(gen_eos, list) else [gen_eos]) + [tokenizer.eos_token_id]:
+        if x is not None and x not in ids:
+            ids.append(int(x))
+    if not ids:
+        raise ValueError("tokenizer has no eos_token_id; the rollout engine cannot detect the end of a response")
+    return ids

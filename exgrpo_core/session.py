@@ -1,0 +1,156 @@
+"""Everything a run holds in memory, and how it is opened, resumed and checkpointed.
+
+`open_session` builds the model, tokenizer, optimiser (through Accelerate), rollout engine, verifier
+and experience store from the config, and resumes from the run directory's latest checkpoint when
+there is one (the database is rolled back to that step, so nothing written after it is counted twice).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from exgrpo_core import checkpoint, data, models
+from exgrpo_core.config import ExGRPOConfig
+from exgrpo_core.rewards import MathVerifier
+from exgrpo_core.rollout import TransformersEngine
+from exgrpo_core.sampler import FreshSampler
+from exgrpo_core.store import ExperienceStore, resolve_db_url
+from exgrpo_core.types import Question
+
+Verify = Callable[[list[str], list[str]], list[tuple[float, str]]]
+
+
+class ResumeError(RuntimeError):
+    """The run directory and `run.resume` disagree (e.g. `must` without a checkpoint)."""
+
+
+@dataclass
+class Session:
+    cfg: ExGRPOConfig
+    run_id: str
+    run_dir: Path
+    model: torch.nn.Module
+    tokenizer: object
+    optimizer: torch.optim.Optimizer
+    accelerator: object
+    engine: TransformersEngine
+    verify: Verify
+    store: ExperienceStore
+    questions: dict[str, Question]
+    sampler: FreshSampler
+    rng: random.Random
+    step: int = 0
+    replay_active: bool = False
+    ref_model: torch.nn.Module | None = None
+    resumed_from: int | None = None
+    mlflow_run_id: str | None = None
+    _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
+    _closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def prompt_ids(self, uid: str) -> list[int]:
+        """Chat-templated, truncated prompt token ids of a question (cached)."""
+        if uid not in self._prompt_cache:
+            self._prompt_cache[uid] = data.prompt_token_ids(
+                self.tokenizer, self.questions[uid], self.cfg.rollout.max_prompt_tokens)
+        return self._prompt_cache[uid]
+
+    def loop_state(self) -> dict:
+        return {"run_id": self.run_id, "replay_active": self.replay_active, "sampler": self.sampler.state_dict(),
+                "rng": self.rng.getstate(), "mlflow_run_id": self.mlflow_run_id}
+
+    def save(self) -> Path:
+        """Checkpoint the completed step `self.step - 1`."""
+        return checkpoint.save_checkpoint(
+            self.run_dir, self.step - 1, self.accelerator.unwrap_model(self.model), self.tokenizer,
+            self.optimizer, self.loop_state(), keep=self.cfg.run.keep_checkpoints)
+
+    def close(self) -> None:
+        for fn in reversed(self._closers):
+            fn()
+        self._closers.clear()
+
+
+def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
+    """Build or resume the run described by `cfg` (see module docstring)."""
+    from accelerate import Accelerator
+
+    run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
+    ckpt = checkpoint.latest_checkpoint(run_dir) if cfg.run.resume != "never" else None
+    if cfg.run.resume == "must" and ckpt is None:
+        raise ResumeError(f"run.resume=must but {run_dir} has no checkpoint to resume from")
+    if cfg.run.resume == "never" and checkpoint.latest_checkpoint(run_dir) is not None:
+        raise ResumeError(f"{run_dir} already holds checkpoints; pick another run.name or use run.resume=auto")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.run.seed)
+    random.seed(cfg.run.seed)
+
+    questions = data.load_questions(
+        cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
+        system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction,
+        max_questions=cfg.data.max_questions)
+    source = str(ckpt) if ckpt else cfg.model.name_or_path
+    model, tokenizer = models.load_policy(source, dtype=cfg.model.dtype, tiny=cfg.model.tiny.model_dump(),
+                                          seed=cfg.run.seed)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    ref_model = None
+    if cfg.loss.kl_coef > 0:
+        ref_model, _ = models.load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype,
+                                          tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed)
+        ref_model.eval().requires_grad_(False)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(),
+                              mixed_precision="bf16" if cfg.model.dtype == "bfloat16" and torch.cuda.is_available() else "no")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if ref_model is not None:
+        ref_model.to(accelerator.device)
+
+    store = ExperienceStore(resolve_db_url(cfg.run.db_url, run_dir))
+    state = checkpoint.load_trainer_state(ckpt) if ckpt else None
+    run_id = state["loop"]["run_id"] if state else uuid.uuid4().hex
+    store.start_run(run_id, cfg.run.name, cfg.preset, json.loads(cfg.model_dump_json()), cfg.rollout.group_size)
+    store.register_questions(run_id, questions)
+
+    session = Session(
+        cfg=cfg, run_id=run_id, run_dir=run_dir, model=model, tokenizer=tokenizer, optimizer=optimizer,
+        accelerator=accelerator,
+        engine=TransformersEngine(accelerator.unwrap_model(model), tokenizer, top_p=cfg.rollout.top_p,
+                                  batch_size=cfg.rollout.generation_batch_size),
+        verify=verify, store=store, questions={q.uid: q for q in questions},
+        sampler=FreshSampler([q.uid for q in questions], cfg.run.seed), rng=random.Random(cfg.run.seed),
+        ref_model=ref_model)
+    if verify is None:
+        verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
+        session.verify = verifier.verify
+        session._closers.append(verifier.close)
+    session._closers.append(store.close)
+    if state:
+        _restore(session, state)
+    return session
+
+
+def _restore(session: Session, state: dict) -> None:
+    """Continue after the checkpointed step; drop experience written after it."""
+    step = state["step"]
+    session.optimizer.load_state_dict(state["optimizer"])
+    checkpoint.set_rng_state(state["rng"])
+    loop = state["loop"]
+    session.replay_active = loop["replay_active"]
+    session.sampler.load_state_dict(loop["sampler"])
+    session.rng.setstate(_as_tuple(loop["rng"]))
+    session.mlflow_run_id = loop.get("mlflow_run_id")
+    session.store.rollback_to(session.run_id, step)
+    session.step = step + 1
+    session.resumed_from = step
+
+
+def _as_tuple(x):
+    return tuple(_as_tuple(i) for i in x) if isinstance(x, (list, tuple)) else x
+

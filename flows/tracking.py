@@ -1,0 +1,88 @@
+"""MLflow for training runs: where the store is, one run per training flow run, params and metrics.
+
+Default store: `sqlite:///<output_dir>/mlflow.db` with artifacts beside it, shared by every run in
+that output folder so they can be compared; `MLFLOW_TRACKING_URI` or `run.mlflow_tracking_uri`
+points at a server instead, which is probed first so that a dead server is a clear error, not a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from exgrpo_core.config import ExGRPOConfig
+from exgrpo_core.config_io import flatten
+
+
+class TrackingError(RuntimeError):
+    """MLflow cannot be used as configured; the message names the URI and what to do."""
+
+
+def resolve_tracking_uri(cfg: ExGRPOConfig) -> str:
+    uri = cfg.run.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    root = Path(cfg.run.output_dir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def check_server(uri: str, timeout: float = 5.0) -> None:
+    """Fail fast with a readable message when an http(s) tracking server does not answer."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
+            if resp.status != 200:
+                raise TrackingError(f"MLflow server at {uri} answered /health with HTTP {resp.status}")
+    except (urllib.error.URLError, OSError) as e:
+        raise TrackingError(
+            f"MLflow tracking server at {uri} is unreachable ({getattr(e, 'reason', e)}). Start it "
+            "(see infra/) or unset MLFLOW_TRACKING_URI to use the local store.") from None
+
+
+class MlflowRun:
+    """Owns the MLflow run of one training flow run (created, or continued on resume)."""
+
+    def __init__(self, cfg: ExGRPOConfig, run_id: str | None, tags: dict[str, str]):
+        import mlflow
+
+        self.mlflow = mlflow
+        uri = resolve_tracking_uri(cfg)
+        check_server(uri)
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        mlflow.set_tracking_uri(uri)
+        self.uri = uri
+        experiment = mlflow.get_experiment_by_name(cfg.run.mlflow_experiment)
+        if experiment is None:
+            artifacts = None
+            if uri.startswith("sqlite:///"):
+                artifacts = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+            mlflow.create_experiment(cfg.run.mlflow_experiment, artifact_location=artifacts)
+        mlflow.set_experiment(cfg.run.mlflow_experiment)
+        self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else cfg.run.name, tags=tags)
+        self.run_id = self.run.info.run_id
+        if run_id is None:
+            params = {k: ("None" if v is None else str(v))[:6000] for k, v in flatten(cfg).items()}
+            mlflow.log_params(params)
+            self.log_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), "config.yaml")
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+        self.mlflow.log_metrics(clean, step=step)
+
+    def log_text(self, text: str, name: str) -> None:
+        self.mlflow.log_text(text, name)
+
+    def log_json(self, obj: dict, name: str) -> None:
+        self.log_text(json.dumps(obj, indent=2, default=str), name)
+
+    def end(self, status: str = "FINISHED") -> None:
+        self.mlflow.end_run(status=status)
+

