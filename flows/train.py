@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from exgrpo_core import loop, metrics as M
@@ -84,13 +84,12 @@ def train(preset: str = "tiny", overrides: list[str] | None = None,
     `config`, when given, is used as is (preset and overrides are ignored).
     """
     cfg = config or load_config(preset, overrides or [])
-    log = get_run_logger()
     s = open_session(cfg)
     tracker = MlflowRun(cfg, s.mlflow_run_id, tags={"exgrpo.run_id": s.run_id, "exgrpo.preset": cfg.preset})
     s.mlflow_run_id = tracker.run_id
     s.store.update_run(s.run_id, mlflow_run_id=tracker.run_id, status="running")
     if s.resumed_from is not None:
-        log.info("resumed run %s after step %d", s.run_id, s.resumed_from)
+        print(f"resumed run {s.run_id} after step {s.resumed_from}")
     stats: dict = {}
     try:
         for step in range(s.step, cfg.run.steps):
