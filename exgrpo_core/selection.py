@@ -1,0 +1,175 @@
+"""Experience management rules of ExGRPO (paper §3.2, SPEC §1.2): which questions and trajectories to replay.
+
+Buckets by latest correctness k = K Acc(q); questions are drawn bucket-first with weight w(Acc),
+then the lowest-entropy stored trajectory is replayed. The default Gaussian follows the authors' code
+(sigma = 1 success count, i.e. 1/K in accuracy); the paper's literal sigma = 1 on accuracy is
+`sigma_unit="accuracy"`. Pure functions on numbers and lists: the store owns the buckets.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Callable, Sequence
+
+import torch
+
+
+class SelectionError(ValueError):
+    """Invalid selection input (unknown variant, bad weights, inconsistent buckets)."""
+
+
+def _gaussian(acc: float, s: float) -> float:
+    return math.exp(-((acc - 0.5) ** 2) / (2.0 * s * s))
+
+
+def _uniform(acc: float, s: float) -> float:
+    return 1.0
+
+
+def _linear(acc: float, s: float) -> float:
+    return acc
+
+
+def _sqrt(acc: float, s: float) -> float:
+    return math.sqrt(acc)
+
+
+# w(Acc, s) -> unnormalised bucket weight; s is the Gaussian width in accuracy units.
+BUCKET_WEIGHTINGS: dict[str, Callable[[float, float], float]] = {
+    "gaussian": _gaussian, "uniform": _uniform, "linear": _linear, "sqrt": _sqrt}
+_SIGMA_SCALE: dict[str, Callable[[float, int], float]] = {
+    "count": lambda sigma, k: sigma / k, "accuracy": lambda sigma, k: sigma}
+
+
+def bucket_weights(group_size: int, weighting: str, sigma: float, sigma_unit: str) -> dict[int, float]:
+    """ExGRPO question weighting w(Acc(q)), Acc = k/K, for buckets k = 1..K-1 (unnormalised).
+
+    gaussian: exp(-(Acc - 0.5)^2 / (2 s^2)), s = sigma/K (unit "count", code) or sigma ("accuracy",
+    paper text); uniform: 1; linear: Acc; sqrt: sqrt(Acc).
+
+    Example: K = 8, gaussian, sigma = 1, count -> weights exp(-(k - 4)^2 / 2), i.e. normalised
+    .004/.054/.242/.399/.242/.054/.004 for k = 1..7.
+    """
+    if group_size < 2:
+        raise SelectionError(f"group_size must be >= 2, got {group_size}")
+    if weighting not in BUCKET_WEIGHTINGS:
+        raise SelectionError(f"unknown question weighting {weighting!r}; choose from {sorted(BUCKET_WEIGHTINGS)}")
+    if sigma_unit not in _SIGMA_SCALE:
+        raise SelectionError(f"unknown sigma_unit {sigma_unit!r}; choose from {sorted(_SIGMA_SCALE)}")
+    if not sigma > 0:
+        raise SelectionError(f"sigma must be > 0, got {sigma}")
+    s = _SIGMA_SCALE[sigma_unit](sigma, group_size)
+    w = BUCKET_WEIGHTINGS[weighting]
+    return {k: w(k / group_size, s) for k in range(1, group_size)}
+
+
+def _check_buckets(buckets: dict[int, list[str]], weights: dict[int, float]) -> None:
+    for k, w in weights.items():
+        if not (math.isfinite(w) and w >= 0):
+            raise SelectionError(f"bucket weight for k={k} must be finite and >= 0, got {w}")
+    seen: set[str] = set()
+    for k, qs in buckets.items():
+        dup = seen.intersection(qs) or (len(set(qs)) != len(qs))
+        if dup:
+            raise SelectionError(f"question ids must be unique across buckets (bucket k={k} repeats some)")
+        seen.update(qs)
+
+
+def sample_questions(buckets: dict[int, list[str]], n: int, weights: dict[int, float],
+                     rng: random.Random) -> list[str]:
+    """ExGRPO question sampling: bucket with probability proportional to w(Acc), then uniform inside.
+
+    Draws n questions without replacement. Each draw picks among the non-empty buckets with a
+    positive weight, so when a bucket runs out its share goes to the others by their weights.
+    Buckets absent from `weights` or weighted 0 (e.g. k = 0 or k = K under the defaults) are never
+    drawn. Returns fewer than n only when the drawable pool is exhausted. Deterministic given `rng`;
+    the input lists are not modified.
+
+    Args:
+        buckets: {k: [question uids]} (a uid appears in at most one bucket).
+        n: number of questions wanted (>= 0).
+        weights: {k: w}, e.g. from `bucket_weights`.
+        rng: source of randomness (seeded by the caller).
+    """
+    if n < 0:
+        raise SelectionError(f"n must be >= 0, got {n}")
+    _check_buckets(buckets, weights)
+    pools = {k: list(buckets[k]) for k in sorted(buckets) if buckets[k] and weights.get(k, 0.0) > 0}
+    out: list[str] = []
+    while len(out) < n and pools:
+        keys = list(pools)
+        k = rng.choices(keys, weights=[weights[key] for key in keys])[0]
+        pool = pools[k]
+        i = rng.randrange(len(pool))
+        pool[i], pool[-1] = pool[-1], pool[i]  # O(1) removal; order inside a bucket is irrelevant
+        out.append(pool.pop())
+        if not pool:
+            del pools[k]
+    return out
+
+
+def _argmin(entropies: Sequence[float], rng: random.Random) -> int:
+    return min(range(len(entropies)), key=lambda i: entropies[i])
+
+
+def _argmax(entropies: Sequence[float], rng: random.Random) -> int:
+    return max(range(len(entropies)), key=lambda i: entropies[i])
+
+
+def _random(entropies: Sequence[float], rng: random.Random) -> int:
+    return rng.randrange(len(entropies))
+
+
+# Trajectory choosers: argmin (default, paper), argmax and random (ablations). Ties -> first index.
+TRAJECTORY_CHOOSERS: dict[str, Callable[[Sequence[float], random.Random], int]] = {
+    "argmin": _argmin, "argmax": _argmax, "random": _random}
+
+
+def choose_trajectory(entropies: list[float], mode: str, rng: random.Random) -> int:
+    """ExGRPO trajectory selection: index of the stored correct trajectory with the lowest H(o).
+
+    Args:
+        entropies: H(o) of each candidate under the current policy (non-empty, no NaN).
+        mode: "argmin" (default), "argmax" or "random".
+        rng: used by "random" only.
+    """
+    if mode not in TRAJECTORY_CHOOSERS:
+        raise SelectionError(f"unknown trajectory mode {mode!r}; choose from {sorted(TRAJECTORY_CHOOSERS)}")
+    if len(entropies) == 0:
+        raise SelectionError("no candidate trajectories to choose from")
+    if any(math.isnan(h) for h in entropies):
+        raise SelectionError(f"trajectory entropies contain NaN: {list(entropies)}")
+    return TRAJECTORY_CHOOSERS[mode](entropies, rng)
+
+
+def is_retired(k: int, group_size: int) -> bool:
+    """ExGRPO retired set: a question whose latest group is all correct (k == K)."""
+    if not 0 <= k <= group_size:
+        raise SelectionError(f"k must be in 0..{group_size}, got {k}")
+    return k == group_size
+
+
+def is_collectable(k: int, min_k: int, max_k: int) -> bool:
+    """Collection rule (code default 1 <= k <= K-1): store the correct responses of this group?"""
+    if min_k > max_k:
+        raise SelectionError(f"collect_min_k must be <= collect_max_k (got {min_k} > {max_k})")
+    return min_k <= k <= max_k
+
+
+def batch_correct_fraction(rewards: torch.Tensor | Sequence[float]) -> float:
+    """Fraction of the batch's rollouts that are correct (reward > 0), for the delayed start."""
+    r = torch.as_tensor(rewards, dtype=torch.float64).flatten()
+    if r.numel() == 0:
+        raise SelectionError("batch_correct_fraction needs at least one reward")
+    return float((r > 0).double().mean())
+
+
+def replay_should_start(frac: float, threshold: float) -> bool:
+    """Delayed start (code `experience_start_sratio`): replay turns on once frac > threshold.
+
+    threshold 0 starts at once (the paper's setting for Llama-3.1-8B base), whatever frac is.
+    """
+    if not 0 <= threshold <= 1:
+        raise SelectionError(f"start threshold must be in [0, 1], got {threshold}")
+    return threshold == 0 or frac > threshold
