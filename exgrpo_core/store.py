@@ -1,0 +1,331 @@
+"""The experience database (SPEC §2): runs, questions, per-run question state, trajectories, replays,
+step metrics and evaluation results, on SQLite (default) or PostgreSQL.
+
+`ExperienceStore` is the only door: records from `exgrpo_core.types` go in and out, never rows or
+sessions. Each write method is one transaction, and every query filters on `run_id`, so runs sharing
+a database never see each other's experience. The schema is brought to the Alembic head on open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import Counter
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, case, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from exgrpo_core.codec import decode_logprobs, decode_token_ids
+from exgrpo_core.store_buffer import CollectRule, apply_groups, chunks, none_if_nan, read_buffer_state
+from exgrpo_core.store_engine import (StoreError, create_store_engine, mask_url, parse_url, read_connection,
+                                      resolve_db_url, upgrade_schema, write_transaction)
+from exgrpo_core.store_models import (EvalResult, QuestionRow, QuestionState, Replay, Run, StepMetric,
+                                      Trajectory)
+from exgrpo_core.store_rollback import rollback_rows
+from exgrpo_core.types import BufferState, Experience, GroupResult, Question
+
+__all__ = ["ExperienceStore", "StoreError", "resolve_db_url", "question_digest"]
+
+RUN_STATUSES = ("running", "finished", "failed", "killed")
+_RUN_FIELDS = ("status", "step", "mlflow_run_id", "replay_active", "replay_started_step")
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _aware(t: datetime) -> datetime:
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)  # SQLite hands back naive UTC
+
+
+def _float(key: str, v: Any) -> float | None:
+    try:
+        return none_if_nan(float(v))
+    except (TypeError, ValueError) as e:
+        raise StoreError(f"metric {key!r} is not a number: {v!r}") from e
+
+
+def _messages_json(q: Question) -> str:
+    return json.dumps(list(q.messages), ensure_ascii=False, sort_keys=True)
+
+
+def question_digest(q: Question) -> str:
+    """sha1 over (source, messages, answer): the identity of a question shared across runs."""
+    payload = json.dumps([q.source, list(q.messages), q.answer], ensure_ascii=False, sort_keys=True)
+    return hashlib.sha1(payload.encode("utf-8")).hexdigest()
+
+
+class ExperienceStore:
+    """Typed access to the experience database at `url` (see `resolve_db_url`).
+
+    Example:
+        >>> store = ExperienceStore("sqlite:////tmp/run/experience.db")  # doctest: +SKIP
+        >>> store.start_run(run_id, "demo", "tiny", cfg.model_dump(), group_size=8)  # doctest: +SKIP
+    """
+
+    def __init__(self, url: str):
+        self.url = parse_url(url)
+        self.engine = create_store_engine(self.url)
+        try:
+            self.revision = upgrade_schema(self.engine)
+        except Exception:
+            self.engine.dispose()
+            raise
+
+    def __repr__(self) -> str:
+        return f"ExperienceStore({mask_url(self.url)!r})"
+
+    def __enter__(self) -> "ExperienceStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def upgrade(self) -> str:
+        """Alembic `upgrade head`; returns the head revision (`exgrpo db upgrade`)."""
+        self.revision = upgrade_schema(self.engine)
+        return self.revision
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def _dialect_insert(self, model):
+        return pg_insert(model) if self.engine.dialect.name == "postgresql" else sqlite_insert(model)
+
+    @staticmethod
+    def _require_run(conn: Connection, run_id: str) -> None:
+        if conn.execute(select(Run.id).where(Run.id == run_id)).first() is None:
+            raise StoreError(f"unknown run id {run_id!r} (call start_run first)")
+
+    # ---- runs -------------------------------------------------------------------------------------
+    def start_run(self, run_id: str, name: str, preset: str, config: dict, group_size: int) -> bool:
+        """Insert the run; True if new, False when `run_id` exists (resume; group_size must match)."""
+        if not run_id or len(run_id) > 64:
+            raise StoreError(f"run id must be 1-64 characters, got {run_id!r}")
+        if group_size < 1:
+            raise StoreError(f"group_size must be >= 1, got {group_size}")
+        with write_transaction(self.engine, f"starting run {run_id}") as conn:
+            old = conn.execute(select(Run.group_size).where(Run.id == run_id)).scalar_one_or_none()
+            if old is not None:
+                if old != group_size:
+                    raise StoreError(f"run {run_id} was started with group_size {old}; cannot resume it with "
+                                     f"group_size {group_size}")
+                return False
+            now = _now()
+            conn.execute(insert(Run).values(
+                id=run_id, name=name, preset=preset, created_at=now, updated_at=now, status="running", step=-1,
+                group_size=group_size, config_json=json.dumps(config, sort_keys=True, default=str),
+                mlflow_run_id=None, replay_active=False, replay_started_step=None))
+        return True
+
+    def find_run_by_name(self, name: str) -> str | None:
+        """The id of the most recently created run called `name`, or None."""
+        with read_connection(self.engine, "finding a run") as conn:
+            return conn.execute(select(Run.id).where(Run.name == name)
+                                .order_by(Run.created_at.desc(), Run.id.desc()).limit(1)).scalar_one_or_none()
+
+    def get_run(self, run_id: str) -> dict | None:
+        """The run as a dict (its columns, `config` parsed from JSON), or None."""
+        with read_connection(self.engine, "reading a run") as conn:
+            row = conn.execute(select(Run.__table__).where(Run.id == run_id)).mappings().first()
+        if row is None:
+            return None
+        out = dict(row)
+        out.update(created_at=_aware(out["created_at"]), updated_at=_aware(out["updated_at"]),
+                   replay_active=bool(out["replay_active"]), config=json.loads(out.pop("config_json")))
+        return out
+
+    def update_run(self, run_id: str, **fields) -> None:
+        """Set any of status, step, mlflow_run_id, replay_active, replay_started_step."""
+        unknown = sorted(set(fields) - set(_RUN_FIELDS))
+        if unknown:
+            raise StoreError(f"update_run got unknown fields {unknown}; allowed: {list(_RUN_FIELDS)}")
+        if "status" in fields and fields["status"] not in RUN_STATUSES:
+            raise StoreError(f"run status must be one of {RUN_STATUSES}, got {fields['status']!r}")
+        with write_transaction(self.engine, f"updating run {run_id}") as conn:
+            res = conn.execute(update(Run).where(Run.id == run_id).values(updated_at=_now(), **fields))
+            if res.rowcount == 0:
+                raise StoreError(f"unknown run id {run_id!r} (call start_run first)")
+
+    # ---- questions and experience -----------------------------------------------------------------
+    def register_questions(self, run_id: str, questions: list[Question]) -> None:
+        """Upsert questions by digest and give each a state row in this run (idempotent, bulk)."""
+        rows, by_digest = {}, {}
+        for q in questions:
+            d = question_digest(q)
+            if q.uid in rows and rows[q.uid]["digest"] != d:
+                raise StoreError(f"question uid {q.uid!r} appears twice with different content")
+            if d in by_digest and by_digest[d] != q.uid:
+                raise StoreError(f"questions {by_digest[d]!r} and {q.uid!r} are identical (same source, messages "
+                                 "and answer); drop duplicates from the dataset")
+            by_digest[d] = q.uid
+            rows[q.uid] = dict(digest=d, uid=q.uid, source=q.source, text=q.text, messages_json=_messages_json(q),
+                               answer=q.answer)
+        with write_transaction(self.engine, f"registering questions of run {run_id}") as conn:
+            self._require_run(conn, run_id)
+            ids = self._upsert_questions(conn, list(rows.values()))
+            known = dict(conn.execute(select(QuestionState.uid, QuestionState.question_id)
+                                      .where(QuestionState.run_id == run_id)).all())
+            uid_of_qid = {qid: uid for uid, qid in known.items()}
+            new = []
+            for uid, row in rows.items():
+                qid = ids[row["digest"]]
+                if known.get(uid, qid) != qid or uid_of_qid.get(qid, uid) != uid:
+                    raise StoreError(f"question uid {uid!r} of run {run_id} is already registered with other "
+                                     "content (did the dataset change between resumes?)")
+                if uid not in known:
+                    new.append(dict(run_id=run_id, question_id=qid, uid=uid, latest_k=None, n_groups=0,
+                                    last_step=None, retired=False, retired_step=None, times_replayed=0))
+            for part in chunks(new):
+                conn.execute(insert(QuestionState), part)
+
+    def _upsert_questions(self, conn: Connection, rows: list[dict]) -> dict[str, int]:
+        """Insert unseen questions (shared across runs); returns digest -> question id."""
+        stmt = self._dialect_insert(QuestionRow).on_conflict_do_nothing(index_elements=["digest"])
+        for part in chunks(rows):
+            conn.execute(stmt, part)
+        ids: dict[str, int] = {}
+        for part in chunks([r["digest"] for r in rows]):
+            ids.update(conn.execute(select(QuestionRow.digest, QuestionRow.id)
+                                    .where(QuestionRow.digest.in_(part))).all())
+        return ids
+
+    def apply_buffer_update(self, run_id: str, step: int, groups: list[GroupResult], *, group_size: int,
+                            collect: bool, collect_min_k: int, collect_max_k: int, retire: bool,
+                            store_all: bool) -> dict[str, float]:
+        """ExGRPO §3.2 experience management for one step, all or nothing (SPEC §1.2).
+
+        Every group is recorded in the history and moves its question to bucket k. Fresh correct
+        responses of groups with collect_min_k <= k <= collect_max_k join the pool, de-duplicated by
+        exact text; with `store_all` the other fresh responses are stored outside the pool. With
+        `retire`, k == group_size retires the question and its experiences leave the pool (kept).
+
+        Returns:
+            {"buffer/collected", "buffer/duplicates", "buffer/newly_retired", "buffer/stored_rollouts"}:
+            experiences stored, correct responses dropped as duplicates, questions retired, rows written.
+        """
+        for g in groups:
+            bad = [r.question_uid for r in g.rollouts if r.question_uid != g.question_uid]
+            if bad:
+                raise StoreError(f"group of question {g.question_uid!r} holds a rollout of question {bad[0]!r}")
+        rule = CollectRule(group_size, collect, collect_min_k, collect_max_k, retire, store_all)
+        with write_transaction(self.engine, f"buffer update of run {run_id} at step {step}") as conn:
+            self._require_run(conn, run_id)
+            return apply_groups(conn, run_id, step, groups, rule)
+
+    def buffer_state(self, run_id: str, group_size: int) -> BufferState:
+        """Buckets of pooled questions by latest k, counts per k = 0..group_size, pool and retired sizes."""
+        with read_connection(self.engine, f"reading the buffer of run {run_id}") as conn:
+            return read_buffer_state(conn, run_id, group_size)
+
+    def candidates(self, run_id: str, question_uids: list[str], before_step: int) -> dict[str, list[Experience]]:
+        """Pooled trajectories of these questions generated before `before_step`, oldest first.
+
+        Every requested uid is a key (an empty list when it has none); an unregistered uid is an error.
+        """
+        T, QS = Trajectory, QuestionState
+        out: dict[str, list[Experience]] = {uid: [] for uid in question_uids}
+        with read_connection(self.engine, f"reading candidates of run {run_id}") as conn:
+            for part in chunks(sorted(out)):
+                known = set(conn.execute(select(QS.uid).where(QS.run_id == run_id, QS.uid.in_(part))).scalars())
+                if len(known) < len(part):
+                    raise StoreError(f"question uids never registered for run {run_id}: "
+                                     f"{sorted(set(part) - known)[:5]}")
+                q = (select(T.id, QS.uid, T.token_ids, T.behaviour_logprobs, T.text, T.step, T.entropy,
+                            T.times_replayed)
+                     .join(QS, (QS.run_id == T.run_id) & (QS.question_id == T.question_id))
+                     .where(T.run_id == run_id, QS.uid.in_(part), T.in_pool.is_(True), T.step < before_step)
+                     .order_by(T.id))
+                for tid, uid, ids, lps, text, step, ent, times in conn.execute(q):
+                    out[uid].append(Experience(
+                        id=tid, question_uid=uid, response_ids=decode_token_ids(ids),
+                        behaviour_logprobs=decode_logprobs(lps), text=text, step=step,
+                        entropy=math.nan if ent is None else ent, times_replayed=times))
+        return out
+
+    def record_replays(self, run_id: str, step: int, replays: list[tuple[int, float]]) -> None:
+        """Log replays (trajectory id, entropy under the current policy) and bump the replay counters."""
+        if not replays:
+            return
+        per_traj = Counter(tid for tid, _ in replays)
+        T, QS = Trajectory, QuestionState
+        with write_transaction(self.engine, f"recording replays of run {run_id} at step {step}") as conn:
+            qid_of: dict[int, int] = {}
+            for part in chunks(sorted(per_traj)):
+                qid_of.update(conn.execute(select(T.id, T.question_id).where(T.run_id == run_id, T.id.in_(part))).all())
+            missing = sorted(per_traj.keys() - qid_of.keys())
+            if missing:
+                raise StoreError(f"trajectory ids not in run {run_id}: {missing[:5]}")
+            conn.execute(insert(Replay), [dict(run_id=run_id, trajectory_id=tid, question_id=qid_of[tid], step=step,
+                                               entropy=none_if_nan(float(ent))) for tid, ent in replays])
+            later = case((T.last_replayed_step.is_(None) | (T.last_replayed_step < step), step),
+                         else_=T.last_replayed_step)
+            conn.execute(update(T).where(T.id == bindparam("b_id")).values(
+                times_replayed=T.times_replayed + bindparam("b_n"), last_replayed_step=later),
+                [dict(b_id=tid, b_n=n) for tid, n in per_traj.items()])
+            per_q = Counter()
+            for tid, n in per_traj.items():
+                per_q[qid_of[tid]] += n
+            conn.execute(update(QS).where(QS.run_id == run_id, QS.question_id == bindparam("b_qid")).values(
+                times_replayed=QS.times_replayed + bindparam("b_n")),
+                [dict(b_qid=qid, b_n=n) for qid, n in per_q.items()])
+
+    def retired_uids(self, run_id: str) -> set[str]:
+        """Uids of the run's retired questions."""
+        with read_connection(self.engine, f"reading retired questions of run {run_id}") as conn:
+            return set(conn.execute(select(QuestionState.uid).where(
+                QuestionState.run_id == run_id, QuestionState.retired.is_(True))).scalars())
+
+    # ---- metrics, evaluation, resume --------------------------------------------------------------
+    def log_metrics(self, run_id: str, step: int, metrics: dict[str, float]) -> None:
+        """Upsert one step's metrics (NaN is stored as NULL and read back as NaN)."""
+        if not metrics:
+            return
+        rows = [dict(run_id=run_id, step=step, key=k, value=_float(k, v)) for k, v in metrics.items()]
+        stmt = self._dialect_insert(StepMetric)
+        stmt = stmt.on_conflict_do_update(index_elements=["run_id", "step", "key"], set_={"value": stmt.excluded.value})
+        with write_transaction(self.engine, f"logging metrics of run {run_id} at step {step}") as conn:
+            self._require_run(conn, run_id)
+            conn.execute(stmt, rows)
+
+    def get_metrics(self, run_id: str, keys: list[str] | None = None) -> dict[str, list[tuple[int, float]]]:
+        """{key: [(step, value), ...]} in step order, for all keys or only `keys`."""
+        q = select(StepMetric.key, StepMetric.step, StepMetric.value).where(StepMetric.run_id == run_id)
+        if keys is not None:
+            q = q.where(StepMetric.key.in_(keys))
+        out: dict[str, list[tuple[int, float]]] = {}
+        with read_connection(self.engine, f"reading metrics of run {run_id}") as conn:
+            for key, step, value in conn.execute(q.order_by(StepMetric.key, StepMetric.step)):
+                out.setdefault(key, []).append((step, math.nan if value is None else value))
+        return out
+
+    def save_eval(self, run_id: str, step: int, benchmark: str, metrics: dict[str, float], n: int) -> None:
+        """One row per metric of an evaluation of `benchmark` (n questions) at `step`."""
+        now = _now()
+        rows = [dict(run_id=run_id, step=step, benchmark=benchmark, metric=k, value=_float(k, v), n=n,
+                     created_at=now) for k, v in metrics.items()]
+        with write_transaction(self.engine, f"saving evaluation of run {run_id} at step {step}") as conn:
+            self._require_run(conn, run_id)
+            if rows:
+                conn.execute(insert(EvalResult), rows)
+
+    def rollback_to(self, run_id: str, step: int) -> dict[str, int]:
+        """Return the run's experience to the end of `step` (resume from a checkpoint), in one transaction.
+
+        Deletes group results, trajectories, replays, step metrics and evaluations after `step`;
+        rebuilds question states and replay counters from what remains; sets the run's step, and
+        switches replay off again if it started after `step`. Returns rows deleted per table.
+        """
+        with write_transaction(self.engine, f"rolling back run {run_id} to step {step}") as conn:
+            self._require_run(conn, run_id)
+            deleted = rollback_rows(conn, run_id, step)
+            started_later = Run.replay_started_step > step
+            conn.execute(update(Run).where(Run.id == run_id).values(
+                step=step, updated_at=_now(),
+                replay_active=case((started_later, False), else_=Run.replay_active),
+                replay_started_step=case((started_later, None), else_=Run.replay_started_step)))
+        return deleted
