@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from exgrpo_core import metrics as M
+
 
 class AdvantageInputError(ValueError):
     """Rewards that cannot form groups (wrong shape, group of one, non-finite values)."""
@@ -47,7 +49,7 @@ def compute_group_advantages(rewards: torch.Tensor, std_normalize: bool,
     adv = torch.where(all_equal, torch.zeros_like(adv), adv)  # exact 0, not float round-off
     g = max(r.shape[0], 1)
     stats = {
-        "rollout/solve_all": float((r > 0).all(dim=1).sum().item()) / g,
-        "rollout/solve_none": float((r <= 0).all(dim=1).sum().item()) / g,
+        M.SOLVE_ALL: float((r > 0).all(dim=1).sum().item()) / g,
+        M.SOLVE_NONE: float((r <= 0).all(dim=1).sum().item()) / g,
     }
     return adv, stats

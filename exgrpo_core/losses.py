@@ -14,6 +14,8 @@ from typing import Callable
 
 import torch
 
+from exgrpo_core import metrics as M
+
 # Log-ratios are clamped here before exp so that one wild token cannot give inf (and then NaN
 # gradients through the masked-out branch); exp(20) ~ 4.9e8 is far past any useful weight.
 _MAX_LOG_RATIO = 20.0
@@ -186,9 +188,9 @@ def mixed_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Ten
     if ref_logp is not None:
         kl_value = aggregate(kl_k3_term(logp, ref_logp), mask, denominator)
         total = total + kl_coef * kl_value
-    stats = {"loss/total": float(total.detach()), "loss/onpolicy": float(on_loss.detach()),
-             "loss/offpolicy": float(rep_loss.detach()), "loss/entropy": float(ent_value.detach()),
-             "loss/kl": float(kl_value.detach())}
+    stats = {M.LOSS_TOTAL: float(total.detach()), M.LOSS_ONPOLICY: float(on_loss.detach()),
+             M.LOSS_OFFPOLICY: float(rep_loss.detach()), M.LOSS_ENTROPY: float(ent_value.detach()),
+             M.LOSS_KL: float(kl_value.detach())}
     stats.update(_ratio_stats(logp.detach(), old_logp, adv, on_tok.detach(), on_mask != 0,
                               rep_mask != 0, replay_term))
     return total, stats
@@ -203,11 +205,11 @@ def _ratio_stats(logp, old_logp, adv, on_tok, on_sel, rep_sel, replay_term) -> d
         w_rep = w[rep_sel].double()
         n_rep = w_rep.numel()
         return {
-            "loss/clipfrac": _masked_mean(clipped, on_sel),
-            "loss/iw_mean": float(w_rep.mean()) if n_rep else 0.0,
-            "loss/iw_max": float(w_rep.max()) if n_rep else 0.0,
-            "loss/iw_var": float(w_rep.var(unbiased=False)) if n_rep else 0.0,
-            "loss/shaped_iw_mean": _masked_mean(shaped, rep_sel),
-            "loss/replay_tokens": float(n_rep),
-            "loss/onpolicy_tokens": float(on_sel.sum()),
+            M.CLIPFRAC: _masked_mean(clipped, on_sel),
+            M.IW_MEAN: float(w_rep.mean()) if n_rep else 0.0,
+            M.IW_MAX: float(w_rep.max()) if n_rep else 0.0,
+            M.IW_VAR: float(w_rep.var(unbiased=False)) if n_rep else 0.0,
+            M.SHAPED_IW_MEAN: _masked_mean(shaped, rep_sel),
+            M.REPLAY_TOKENS: float(n_rep),
+            M.ONPOLICY_TOKENS: float(on_sel.sum()),
         }

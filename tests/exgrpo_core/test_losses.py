@@ -11,6 +11,7 @@ import torch
 from torch.testing import assert_close
 
 from exgrpo_core import losses as L
+from exgrpo_core.metrics import declared
 
 CLIP = partial(L.clipped_ratio_term, clip_eps=0.2)
 SHAPE = partial(L.shaped_replay_term, beta=0.1)
@@ -74,6 +75,7 @@ def test_mixed_policy_loss_hand_worked():
     assert stats["loss/iw_mean"] == pytest.approx(1.0) and stats["loss/iw_var"] == pytest.approx(0.0, abs=1e-12)
     assert stats["loss/shaped_iw_mean"] == pytest.approx(1 / 1.1, rel=1e-6)
     assert (stats["loss/replay_tokens"], stats["loss/onpolicy_tokens"]) == (1.0, 2.0)
+    assert len(stats) == 13 and all(declared(k, 8) for k in stats)  # the metrics contract
 
 
 # ---------------------------------------------------------------- (b) naive loop reference
