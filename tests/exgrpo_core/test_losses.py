@@ -75,7 +75,7 @@ def test_mixed_policy_loss_hand_worked():
     assert stats["loss/iw_mean"] == pytest.approx(1.0) and stats["loss/iw_var"] == pytest.approx(0.0, abs=1e-12)
     assert stats["loss/shaped_iw_mean"] == pytest.approx(1 / 1.1, rel=1e-6)
     assert (stats["loss/replay_tokens"], stats["loss/onpolicy_tokens"]) == (1.0, 2.0)
-    assert len(stats) == 13 and all(declared(k, 8) for k in stats)  # the metrics contract
+    assert len(stats) == 12 and all(declared(k, 8) for k in stats)  # the metrics contract
 
 
 # ---------------------------------------------------------------- (b) naive loop reference
