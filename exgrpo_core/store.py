@@ -53,9 +53,14 @@ def _messages_json(q: Question) -> str:
     return json.dumps(list(q.messages), ensure_ascii=False, sort_keys=True)
 
 
-def question_digest(q: Question) -> str:
-    """sha1 over (source, messages, answer): the identity of a question shared across runs."""
-    payload = json.dumps([q.source, list(q.messages), q.answer], ensure_ascii=False, sort_keys=True)
+def question_digest(q: Question, repeat_of: str | None = None) -> str:
+    """sha1 over (source, messages, answer): the identity of a question shared across runs.
+
+    A dataset that repeats a question (e.g. avg@32 suites) gets one row per repeat: later copies
+    are salted with their own uid (`repeat_of`), so each keeps its own per-run state.
+    """
+    parts = [q.source, list(q.messages), q.answer] + ([] if repeat_of is None else ["repeat", repeat_of])
+    payload = json.dumps(parts, ensure_ascii=False, sort_keys=True)
     return hashlib.sha1(payload.encode("utf-8")).hexdigest()
 
 
@@ -154,15 +159,16 @@ class ExperienceStore:
     # ---- questions and experience -----------------------------------------------------------------
     def register_questions(self, run_id: str, questions: list[Question]) -> None:
         """Upsert questions by digest and give each a state row in this run (idempotent, bulk)."""
-        rows, by_digest = {}, {}
+        rows: dict[str, dict] = {}
+        digests: set[str] = set()
         for q in questions:
             d = question_digest(q)
-            if q.uid in rows and rows[q.uid]["digest"] != d:
-                raise StoreError(f"question uid {q.uid!r} appears twice with different content")
-            if d in by_digest and by_digest[d] != q.uid:
-                raise StoreError(f"questions {by_digest[d]!r} and {q.uid!r} are identical (same source, messages "
-                                 "and answer); drop duplicates from the dataset")
-            by_digest[d] = q.uid
+            if q.uid in rows:
+                if question_digest(q, q.uid) != rows[q.uid]["digest"] and d != rows[q.uid]["digest"]:
+                    raise StoreError(f"question uid {q.uid!r} appears twice with different content")
+                continue
+            d = question_digest(q, q.uid) if d in digests else d
+            digests.add(d)
             rows[q.uid] = dict(digest=d, uid=q.uid, source=q.source, text=q.text, messages_json=_messages_json(q),
                                answer=q.answer)
         with write_transaction(self.engine, f"registering questions of run {run_id}") as conn:
@@ -170,18 +176,24 @@ class ExperienceStore:
             ids = self._upsert_questions(conn, list(rows.values()))
             known = dict(conn.execute(select(QuestionState.uid, QuestionState.question_id)
                                       .where(QuestionState.run_id == run_id)).all())
-            uid_of_qid = {qid: uid for uid, qid in known.items()}
-            new = []
-            for uid, row in rows.items():
-                qid = ids[row["digest"]]
-                if known.get(uid, qid) != qid or uid_of_qid.get(qid, uid) != uid:
-                    raise StoreError(f"question uid {uid!r} of run {run_id} is already registered with other "
-                                     "content (did the dataset change between resumes?)")
-                if uid not in known:
-                    new.append(dict(run_id=run_id, question_id=qid, uid=uid, latest_k=None, n_groups=0,
-                                    last_step=None, retired=False, retired_step=None, times_replayed=0))
+            new = [dict(run_id=run_id, question_id=ids[row["digest"]], uid=uid, latest_k=None, n_groups=0,
+                        last_step=None, retired=False, retired_step=None, times_replayed=0)
+                   for uid, row in rows.items() if uid not in known]
+            changed = [uid for uid, row in rows.items() if known.get(uid, ids[row["digest"]]) != ids[row["digest"]]]
+            self._check_same_content(conn, run_id, changed, known, questions)
             for part in chunks(new):
                 conn.execute(insert(QuestionState), part)
+
+    @staticmethod
+    def _check_same_content(conn: Connection, run_id: str, changed: list[str], known: dict[str, int],
+                            questions: list[Question]) -> None:
+        """A uid registered before must still name the same question (its plain or repeat digest)."""
+        by_uid = {q.uid: q for q in questions}
+        for uid in changed:
+            stored = conn.execute(select(QuestionRow.digest).where(QuestionRow.id == known[uid])).scalar_one()
+            if stored not in (question_digest(by_uid[uid]), question_digest(by_uid[uid], uid)):
+                raise StoreError(f"question uid {uid!r} of run {run_id} is already registered with other "
+                                 "content (did the dataset change between resumes?)")
 
     def _upsert_questions(self, conn: Connection, rows: list[dict]) -> dict[str, int]:
         """Insert unseen questions (shared across runs); returns digest -> question id."""

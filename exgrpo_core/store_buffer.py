@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, bindparam, exists, func, insert, or_, select, update
 
 from exgrpo_core import metrics as M
-from exgrpo_core.codec import encode_logprobs, encode_token_ids
+from exgrpo_core.codec import CodecError, encode_logprobs, encode_token_ids
 from exgrpo_core.store_engine import StoreError
 from exgrpo_core.store_models import GroupResultRow, QuestionState, Trajectory
 from exgrpo_core.types import BufferState, GroupResult, Rollout
@@ -153,11 +153,14 @@ def _trajectory_rows(conn: Connection, run_id: str, step: int, groups: list[Grou
                 raise StoreError(f"rollout of question {r.question_uid!r} has {len(r.response_ids)} tokens but "
                                  f"{len(r.behaviour_logprobs)} behaviour log-probs; they must match to be replayed")
         retired = experience and qid in retired_after
+        try:
+            ids, lps = encode_token_ids(r.response_ids), encode_logprobs(r.behaviour_logprobs)
+        except CodecError as e:
+            raise StoreError(f"rollout of question {r.question_uid!r} cannot be stored: {e}") from e
         rows.append(dict(
             run_id=run_id, question_id=qid, step=r.step, collected_step=step, reward=float(r.reward),
             entropy=none_if_nan(r.entropy), length=len(r.response_ids), truncated=bool(r.truncated), text=r.text,
-            text_sha1=_sha1(r.text), token_ids=encode_token_ids(r.response_ids),
-            behaviour_logprobs=encode_logprobs(r.behaviour_logprobs), in_pool=experience and not retired,
+            text_sha1=_sha1(r.text), token_ids=ids, behaviour_logprobs=lps, in_pool=experience and not retired,
             retired=retired, times_replayed=0, last_replayed_step=None))
     return rows, collected, duplicates
 

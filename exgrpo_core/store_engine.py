@@ -56,7 +56,7 @@ def parse_url(url: str) -> URL:
     except ArgumentError as e:
         raise StoreError(f"invalid database URL {mask_url(url)!r}: expected e.g. sqlite:///path/experience.db "
                          "or postgresql+psycopg://user@host:5432/db") from e
-    backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    backend, _, driver = parsed.drivername.partition("+")  # no dialect import: unknown names must not crash
     if backend == "postgres":  # the Heroku-style alias
         parsed, backend = parsed.set(drivername="postgresql+psycopg"), "postgresql"
     if backend == "postgresql" and parsed.drivername == "postgresql":
