@@ -8,6 +8,7 @@ skipped and counted.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Callable
 
@@ -42,10 +43,10 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
                     maxes[k] = max(maxes[k], v)
                 elif k.endswith("_tokens") or k in _ADDITIVE:
                     sums[k] += v
-                else:
-                    sums[k] += v * micro.response_mask.sum().item()
+                else:  # a mean over the micro-batch's tokens of its kind: weight by that count
+                    sums[k] += v * stats[_WEIGHT_BY.get(k, "loss/onpolicy_tokens")]
         grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
-        if skip_grad_norm is not None and (grad_norm > skip_grad_norm or not torch.isfinite(torch.tensor(grad_norm))):
+        if skip_grad_norm is not None and (grad_norm > skip_grad_norm or not math.isfinite(grad_norm)):
             skipped += 1
             optimizer.zero_grad(set_to_none=True)
         else:
@@ -53,7 +54,6 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
         sums["loss/grad_norm"] += grad_norm
         steps += 1
     optimizer.zero_grad(set_to_none=True)
-    tokens = max(float(batch.response_mask.sum().item()), 1.0)
     out: dict[str, float] = {}
     for k, v in sums.items():
         if k == "loss/grad_norm" or k in _ADDITIVE:
@@ -61,13 +61,16 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
         elif k.endswith("_tokens"):
             out[k] = v
         else:
-            out[k] = v / tokens  # token-weighted mean
+            out[k] = v / max(sums[_WEIGHT_BY.get(k, "loss/onpolicy_tokens")], 1.0)  # token-weighted mean
     out.update(maxes)
     out["loss/skipped_steps"] = float(skipped)
     out["loss/optimizer_steps"] = float(steps)
     return out
 
 
+# Means over replayed tokens; the rest (clipfrac) are means over on-policy tokens.
+_WEIGHT_BY = {"loss/iw_mean": "loss/replay_tokens", "loss/iw_var": "loss/replay_tokens",
+              "loss/shaped_iw_mean": "loss/replay_tokens"}
 # Loss parts whose micro-batch values add up to the mini-batch value (shared denominator).
 _ADDITIVE = ("loss/total", "loss/onpolicy", "loss/offpolicy", "loss/entropy", "loss/kl")
 
