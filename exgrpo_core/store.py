@@ -20,7 +20,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from exgrpo_core.codec import decode_logprobs, decode_token_ids
-from exgrpo_core.store_buffer import CollectRule, apply_groups, chunks, none_if_nan, read_buffer_state
+from exgrpo_core.store_buffer import (CollectRule, apply_groups, bulk_insert, chunks, none_if_nan,
+                                      read_buffer_state)
 from exgrpo_core.store_engine import (StoreError, create_store_engine, mask_url, parse_url, read_connection,
                                       resolve_db_url, upgrade_schema, write_transaction)
 from exgrpo_core.store_models import (EvalResult, QuestionRow, QuestionState, Replay, Run, StepMetric,
@@ -159,51 +160,40 @@ class ExperienceStore:
     # ---- questions and experience -----------------------------------------------------------------
     def register_questions(self, run_id: str, questions: list[Question]) -> None:
         """Upsert questions by digest and give each a state row in this run (idempotent, bulk)."""
-        rows: dict[str, dict] = {}
-        digests: set[str] = set()
+        by_uid: dict[str, Question] = {}
         for q in questions:
-            d = question_digest(q)
-            if q.uid in rows:
-                if question_digest(q, q.uid) != rows[q.uid]["digest"] and d != rows[q.uid]["digest"]:
-                    raise StoreError(f"question uid {q.uid!r} appears twice with different content")
-                continue
-            d = question_digest(q, q.uid) if d in digests else d
-            digests.add(d)
-            rows[q.uid] = dict(digest=d, uid=q.uid, source=q.source, text=q.text, messages_json=_messages_json(q),
-                               answer=q.answer)
+            if by_uid.setdefault(q.uid, q) != q:
+                raise StoreError(f"question uid {q.uid!r} appears twice with different content")
         with write_transaction(self.engine, f"registering questions of run {run_id}") as conn:
             self._require_run(conn, run_id)
-            ids = self._upsert_questions(conn, list(rows.values()))
-            known = dict(conn.execute(select(QuestionState.uid, QuestionState.question_id)
+            known = dict(conn.execute(select(QuestionState.uid, QuestionRow.digest)
+                                      .join(QuestionRow, QuestionRow.id == QuestionState.question_id)
                                       .where(QuestionState.run_id == run_id)).all())
-            new = [dict(run_id=run_id, question_id=ids[row["digest"]], uid=uid, latest_k=None, n_groups=0,
-                        last_step=None, retired=False, retired_step=None, times_replayed=0)
-                   for uid, row in rows.items() if uid not in known]
-            changed = [uid for uid, row in rows.items() if known.get(uid, ids[row["digest"]]) != ids[row["digest"]]]
-            self._check_same_content(conn, run_id, changed, known, questions)
-            for part in chunks(new):
-                conn.execute(insert(QuestionState), part)
-
-    @staticmethod
-    def _check_same_content(conn: Connection, run_id: str, changed: list[str], known: dict[str, int],
-                            questions: list[Question]) -> None:
-        """A uid registered before must still name the same question (its plain or repeat digest)."""
-        by_uid = {q.uid: q for q in questions}
-        for uid in changed:
-            stored = conn.execute(select(QuestionRow.digest).where(QuestionRow.id == known[uid])).scalar_one()
-            if stored not in (question_digest(by_uid[uid]), question_digest(by_uid[uid], uid)):
-                raise StoreError(f"question uid {uid!r} of run {run_id} is already registered with other "
-                                 "content (did the dataset change between resumes?)")
+            used, rows = set(known.values()), []
+            for uid, q in by_uid.items():
+                plain, repeat = question_digest(q), question_digest(q, uid)
+                if uid in known:  # resume: the uid must still name the same question
+                    if known[uid] not in (plain, repeat):
+                        raise StoreError(f"question uid {uid!r} of run {run_id} is already registered with "
+                                         "other content (did the dataset change between resumes?)")
+                    continue
+                digest = repeat if plain in used else plain  # a repeated question gets its own row
+                used.add(digest)
+                rows.append(dict(digest=digest, uid=uid, source=q.source, text=q.text,
+                                 messages_json=_messages_json(q), answer=q.answer))
+            ids = self._upsert_questions(conn, rows)
+            bulk_insert(conn, insert(QuestionState), [dict(
+                run_id=run_id, question_id=ids[r["digest"]], uid=r["uid"], latest_k=None, n_groups=0,
+                last_step=None, retired=False, retired_step=None, times_replayed=0, pool_size=0) for r in rows])
 
     def _upsert_questions(self, conn: Connection, rows: list[dict]) -> dict[str, int]:
         """Insert unseen questions (shared across runs); returns digest -> question id."""
         stmt = self._dialect_insert(QuestionRow).on_conflict_do_nothing(index_elements=["digest"])
-        for part in chunks(rows):
-            conn.execute(stmt, part)
         ids: dict[str, int] = {}
-        for part in chunks([r["digest"] for r in rows]):
+        for part in chunks(rows):
+            bulk_insert(conn, stmt, part)
             ids.update(conn.execute(select(QuestionRow.digest, QuestionRow.id)
-                                    .where(QuestionRow.digest.in_(part))).all())
+                                    .where(QuestionRow.digest.in_([r["digest"] for r in part]))).all())
         return ids
 
     def apply_buffer_update(self, run_id: str, step: int, groups: list[GroupResult], *, group_size: int,
@@ -272,8 +262,9 @@ class ExperienceStore:
             missing = sorted(per_traj.keys() - qid_of.keys())
             if missing:
                 raise StoreError(f"trajectory ids not in run {run_id}: {missing[:5]}")
-            conn.execute(insert(Replay), [dict(run_id=run_id, trajectory_id=tid, question_id=qid_of[tid], step=step,
-                                               entropy=none_if_nan(float(ent))) for tid, ent in replays])
+            bulk_insert(conn, insert(Replay), [
+                dict(run_id=run_id, trajectory_id=tid, question_id=qid_of[tid], step=step,
+                     entropy=none_if_nan(float(ent))) for tid, ent in replays])
             later = case((T.last_replayed_step.is_(None) | (T.last_replayed_step < step), step),
                          else_=T.last_replayed_step)
             conn.execute(update(T).where(T.id == bindparam("b_id")).values(
@@ -302,7 +293,7 @@ class ExperienceStore:
         stmt = stmt.on_conflict_do_update(index_elements=["run_id", "step", "key"], set_={"value": stmt.excluded.value})
         with write_transaction(self.engine, f"logging metrics of run {run_id} at step {step}") as conn:
             self._require_run(conn, run_id)
-            conn.execute(stmt, rows)
+            bulk_insert(conn, stmt, rows)
 
     def get_metrics(self, run_id: str, keys: list[str] | None = None) -> dict[str, list[tuple[int, float]]]:
         """{key: [(step, value), ...]} in step order, for all keys or only `keys`."""
@@ -323,7 +314,7 @@ class ExperienceStore:
         with write_transaction(self.engine, f"saving evaluation of run {run_id} at step {step}") as conn:
             self._require_run(conn, run_id)
             if rows:
-                conn.execute(insert(EvalResult), rows)
+                bulk_insert(conn, insert(EvalResult), rows)
 
     def rollback_to(self, run_id: str, step: int) -> dict[str, int]:
         """Return the run's experience to the end of `step` (resume from a checkpoint), in one transaction.

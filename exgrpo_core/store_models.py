@@ -64,6 +64,7 @@ class QuestionState(Base):
     retired: Mapped[bool] = mapped_column(Boolean)
     retired_step: Mapped[int | None] = mapped_column(Integer)
     times_replayed: Mapped[int] = mapped_column(Integer)
+    pool_size: Mapped[int] = mapped_column(Integer)  # its in_pool trajectories: buffer_state reads no trajectory
     __table_args__ = (
         UniqueConstraint("run_id", "uid", name="uq_question_states_run_uid"),
         Index("ix_question_states_run_retired_k", "run_id", "retired", "latest_k"),

@@ -39,8 +39,8 @@ def rollback_rows(conn: Connection, run_id: str, step: int) -> dict[str, int]:
 
 
 def _rebuild_states(conn: Connection, run_id: str, step: int, qids: list[int]) -> None:
-    """latest_k, n_groups, last_step from group history; retirement kept iff stamped <= step."""
-    G, QS, R = GroupResultRow, QuestionState, Replay
+    """latest_k, n_groups, last_step from group history; retirement kept iff stamped <= step; counters."""
+    G, QS, R, T = GroupResultRow, QuestionState, Replay, Trajectory
     same_q = and_(G.run_id == QS.run_id, G.question_id == QS.question_id)
     kept = and_(QS.retired_step.is_not(None), QS.retired_step <= step)
     values = dict(
@@ -51,6 +51,8 @@ def _rebuild_states(conn: Connection, run_id: str, step: int, qids: list[int]) -
         retired_step=case((kept, QS.retired_step), else_=None),
         times_replayed=select(func.count()).select_from(R).where(
             R.run_id == QS.run_id, R.question_id == QS.question_id).scalar_subquery(),
+        pool_size=select(func.count()).select_from(T).where(
+            T.run_id == QS.run_id, T.question_id == QS.question_id, T.in_pool.is_(True)).scalar_subquery(),
     )
     for part in chunks(qids):
         conn.execute(update(QS).where(QS.run_id == run_id, QS.question_id.in_(part)).values(**values))

@@ -82,7 +82,8 @@ def dump_run(store: ExperienceStore, run_id: str) -> dict[str, list[tuple]]:
             "runs": rows(select(Run.step, Run.status, Run.group_size, Run.config_json, Run.replay_active,
                                 Run.replay_started_step).where(Run.id == run_id)),
             "question_states": rows(select(QS.uid, QS.latest_k, QS.n_groups, QS.last_step, QS.retired,
-                                           QS.retired_step, QS.times_replayed).where(QS.run_id == run_id)),
+                                           QS.retired_step, QS.times_replayed, QS.pool_size)
+                                    .where(QS.run_id == run_id)),
             "group_results": rows(select(GroupResultRow.question_id, GroupResultRow.step, GroupResultRow.k,
                                          GroupResultRow.n, GroupResultRow.is_replay)
                                   .where(GroupResultRow.run_id == run_id), lambda r: (uid[r[0]], *r[1:])),

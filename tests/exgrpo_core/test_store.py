@@ -45,7 +45,8 @@ def test_collection_respects_configured_bounds_and_collect_flag(store):
 def test_dedup_by_exact_text_within_group_and_against_pool(store):
     run, (q0, q1, _, _) = new_run(store)
     stats = update(store, run, 0, [group(q0, [1, 1, 0, 1], ["A", "A", "A", "B"])], store_all=False)
-    assert stats["buffer/collected"] == 2.0 and stats["buffer/duplicates"] == 1.0  # second "A"; the wrong "A" is no candidate
+    # the second correct "A" is a duplicate; the wrong "A" is no candidate at all
+    assert stats["buffer/collected"] == 2.0 and stats["buffer/duplicates"] == 1.0
     stats = update(store, run, 1, [group(q0, [1, 1, 1, 0], ["A", "a", "A ", "C"]),
                                    group(q1, [1, 0, 0, 0], ["A", "x", "y", "z"])], store_all=False)
     # "A" is already pooled for q0; "a" and "A " differ by exact text; q1's "A" is another question's
@@ -139,6 +140,9 @@ def test_buffer_state_matches_naive_count_on_random_data(store):
     assert (state.buckets, state.bucket_counts) == (buckets, counts)
     assert (state.pool_questions, state.pool_trajectories, state.retired_questions) == (n_q, n_t, n_ret)
     assert n_t > 0 and n_ret > 0  # the random data exercised both paths
+    dump = dump_run(store, run)
+    pooled = {u: sum(1 for t in dump["trajectories"] if t[0] == u and t[10]) for u in uids}
+    assert {s[0]: s[7] for s in dump["question_states"]} == pooled  # the pool_size counter
 
 
 def test_candidates_respect_before_step_and_decode_arrays(store):
@@ -209,8 +213,9 @@ def test_register_questions_is_idempotent_and_keeps_repeats_apart(store):
     store.register_questions(run, qs)  # resume: nothing new
     repeat = questions(["r0"], tag=run)[0]
     store.register_questions(run, [repeat, type(repeat)(uid="r1", messages=repeat.messages, answer="1")])
-    update(store, run, 0, [group("r0", [1, 0, 0, 0]), group("r1", [0, 0, 0, 0])])
-    assert store.buffer_state(run, 4).bucket_counts[1] == 1 and store.buffer_state(run, 4).bucket_counts[0] == 1
+    store.register_questions(run, [type(repeat)(uid="r2", messages=repeat.messages, answer="1")])  # a later repeat
+    update(store, run, 0, [group("r0", [1, 0, 0, 0]), group("r1", [0, 0, 0, 0]), group("r2", [1, 1, 0, 0])])
+    assert store.buffer_state(run, 4).buckets == {1: ["r0"], 2: ["r2"]}  # three rows, three states
     changed = type(qs[0])(uid=uids[0], messages=qs[1].messages, answer="2")
     with pytest.raises(StoreError, match="already registered with other content"):
         store.register_questions(run, [changed])

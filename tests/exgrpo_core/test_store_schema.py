@@ -139,4 +139,5 @@ def test_metrics_upsert_and_read_back_nan(store):
     with pytest.raises(StoreError, match="metric 'bad' is not a number"):
         store.log_metrics(run, 2, {"bad": "x"})
     store.save_eval(run, 5, "gsm8k", {"pass1": 0.5, "mean_length": 12.0}, n=10)
-    assert dump_run(store, run)["eval_results"] == [(5, "gsm8k", "mean_length", 12.0, 10), (5, "gsm8k", "pass1", 0.5, 10)]
+    assert dump_run(store, run)["eval_results"] == [(5, "gsm8k", "mean_length", 12.0, 10),
+                                                    (5, "gsm8k", "pass1", 0.5, 10)]

@@ -31,6 +31,14 @@ def _question_fk() -> sa.ForeignKey:
 
 
 def upgrade() -> None:
+    _create_runs_and_questions()
+    _create_states_and_groups()
+    _create_trajectories()
+    _create_replays()
+    _create_metrics_and_evals()
+
+
+def _create_runs_and_questions() -> None:
     op.create_table(
         "runs",
         sa.Column("id", sa.String(64), primary_key=True),
@@ -57,6 +65,9 @@ def upgrade() -> None:
         sa.Column("messages_json", sa.Text, nullable=False),
         sa.Column("answer", sa.Text, nullable=False),
     )
+
+
+def _create_states_and_groups() -> None:
     op.create_table(
         "question_states",
         sa.Column("run_id", sa.String(64), _run_fk(), primary_key=True),
@@ -68,6 +79,7 @@ def upgrade() -> None:
         sa.Column("retired", sa.Boolean, nullable=False),
         sa.Column("retired_step", sa.Integer, nullable=True),
         sa.Column("times_replayed", sa.Integer, nullable=False),
+        sa.Column("pool_size", sa.Integer, nullable=False),
         sa.UniqueConstraint("run_id", "uid", name="uq_question_states_run_uid"),
     )
     op.create_index("ix_question_states_run_retired_k", "question_states", ["run_id", "retired", "latest_k"])
@@ -82,8 +94,9 @@ def upgrade() -> None:
         sa.Column("is_replay", sa.Boolean, nullable=False),
     )
     op.create_index("ix_group_results_run_question_step", "group_results", ["run_id", "question_id", "step"])
-    _create_trajectories()
-    _create_replays()
+
+
+def _create_metrics_and_evals() -> None:
     op.create_table(
         "step_metrics",
         sa.Column("run_id", sa.String(64), _run_fk(), primary_key=True),
