@@ -14,7 +14,7 @@ import zlib
 import pytest
 from sqlalchemy import select
 
-from exgrpo_core.store import ExperienceStore
+from exgrpo_core.store import ExperienceStore, StoreError
 from exgrpo_core.store_models import (EvalResult, GroupResultRow, QuestionState, Replay, Run, StepMetric,
                                       Trajectory)
 from exgrpo_core.types import GroupResult, Question, Rollout
@@ -30,7 +30,13 @@ def backend_url(backend: str, tmp_path) -> str:
 @pytest.fixture(params=BACKENDS)
 def store(request, tmp_path):
     """An ExperienceStore on SQLite (fresh file) or on the shared PostgreSQL test database."""
-    s = ExperienceStore(backend_url(request.param, tmp_path))
+    try:
+        s = ExperienceStore(backend_url(request.param, tmp_path))
+    except StoreError as e:
+        if request.param == "sqlite":
+            raise
+        pytest.fail(f"{e}\nThe postgres tests need this server (start it: pg_ctlcluster --skip-systemctl-redirect "
+                    "$(ls /etc/postgresql) main start), or set EXGRPO_TEST_PG_URL.", pytrace=False)
     yield s
     s.close()
 

@@ -93,6 +93,8 @@ def test_sqlite_reader_is_not_blocked_by_an_open_write_transaction(tmp_path):
     writer.log_metrics(run, 0, {"rollout/reward_mean": 0.25})
     with writer.engine.connect().execution_options(write=True) as conn, conn.begin():
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30_000
         conn.execute(insert(StepMetric).values(run_id=run, step=1, key="rollout/reward_mean", value=0.5))
         # uncommitted: the reader sees the last committed state, at once
         assert reader.get_metrics(run) == {"rollout/reward_mean": [(0, 0.25)]}
