@@ -17,7 +17,7 @@ from exgrpo_core import loop, metrics as M
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import load_config
 from exgrpo_core.session import Session, open_session
-from flows.tracking import MlflowRun
+from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 
 # Set by the CLI to draw a progress display; called as progress(step, total, metrics).
 PROGRESS: list[Callable[[int, int, dict], None]] = []
@@ -84,6 +84,7 @@ def train(preset: str = "tiny", overrides: list[str] | None = None,
     `config`, when given, is used as is (preset and overrides are ignored).
     """
     cfg = config or load_config(preset, overrides or [])
+    check_server(resolve_tracking_uri(cfg))  # a dead MLflow server fails before any work is done
     s = open_session(cfg)
     tracker = MlflowRun(cfg, s.mlflow_run_id, tags={"exgrpo.run_id": s.run_id, "exgrpo.preset": cfg.preset})
     s.mlflow_run_id = tracker.run_id
