@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no phoning home from the API
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

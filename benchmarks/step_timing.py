@@ -1,0 +1,72 @@
+"""Seconds per iteration, split by stage, for a preset run through the real Prefect flow.
+
+    python benchmarks/step_timing.py --config tiny --steps 12
+    python benchmarks/step_timing.py --config cpu-demo --steps 4
+
+Runs the training flow (Prefect ephemeral API unless PREFECT_API_URL is set, local MLflow, SQLite)
+in a fresh temporary folder, reads the per-step `perf/*` metrics back from the experience database,
+prints medians over the steps after the first (which pays start-up costs), and writes JSON to
+benchmarks/results/step_timing_<preset>.json with the command, machine and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+STAGES = ["rollout", "verify", "buffer", "select", "train", "log", "iteration"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="tiny")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--set", action="append", default=[], help="extra config overrides")
+    args = ap.parse_args()
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+    from exgrpo_core.config_io import load_config
+    from exgrpo_core.store import ExperienceStore
+    from flows.train import train
+
+    out_dir = Path(tempfile.mkdtemp(prefix="exgrpo-bench-"))
+    cfg = load_config(args.config, [f"run.output_dir={out_dir}", f"run.steps={args.steps}",
+                                    "run.checkpoint_every=0", "run.resume=never", *args.set])
+    summary = train(preset=cfg.preset, config=cfg)
+    store = ExperienceStore(f"sqlite:///{out_dir / cfg.run.name / 'experience.db'}")
+    series = store.get_metrics(summary["run_id"])
+    store.close()
+
+    rows = {}
+    for stage in STAGES:
+        values = [v for step, v in sorted(series.get(f"perf/{stage}_s", [])) if step > 0]
+        rows[stage] = statistics.median(values) if values else float("nan")
+    rows["orchestration"] = rows["iteration"] - sum(rows[s] for s in STAGES[:-1])  # Prefect task handling etc.
+    tokens = {k: statistics.median(v for s, v in series.get(f"perf/{k}", []) if s > 0)
+              for k in ("rollout_tokens_per_s", "train_tokens_per_s") if series.get(f"perf/{k}")}
+    print(f"\n{args.config}: median seconds per iteration over steps 1..{args.steps - 1}")
+    print(f"{'stage':<10} {'seconds':>9} {'share':>7}")
+    for stage in STAGES[:-1] + ["orchestration", "iteration"]:
+        share = rows[stage] / rows["iteration"] if stage != "iteration" else 1.0
+        print(f"{stage:<10} {rows[stage]:>9.3f} {share:>6.1%}")
+    for k, v in tokens.items():
+        print(f"{k:<24} {v:>9.1f}")
+    result = {"command": "python " + " ".join(sys.argv), "date": datetime.date.today().isoformat(),
+              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+                         f"{platform.system()} (CPU only)",
+              "preset": args.config, "steps": args.steps, "median_seconds": rows, "median_tokens_per_s": tokens}
+    dest = Path(__file__).resolve().parent / "results" / f"step_timing_{args.config}.json"
+    dest.parent.mkdir(exist_ok=True)
+    dest.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {dest}")
+
+
+if __name__ == "__main__":
+    main()
