@@ -1,0 +1,274 @@
+"""Rule-based reward r in {0, 1} (SPEC §1.1): final-answer extraction + math-verify equivalence.
+
+`grade` is the pure rule: last `\\boxed{...}` (else the last number / fraction) of the response,
+parsed and compared with the gold by math-verify; model output is parsed, never executed.
+`MathVerifier` runs `grade` in worker processes (forkserver/spawn, never fork: callers hold torch
+threads) so that a per-item timeout can kill a hung sympy call; math-verify's own signal alarms work
+only in a main thread and are switched off here. (code) requires a `<think>` block: `require_think`.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing as mp
+import os
+import re
+import threading
+import time
+import weakref
+from collections import deque
+from multiprocessing.connection import wait
+
+REASONS = ("correct", "wrong", "no_answer", "no_think", "timeout", "error")
+TEST_HOOKS_ENV = "EXGRPO_VERIFY_TEST_HOOKS"
+"""When "1" at MathVerifier construction, a response containing `_test_sleep(SECONDS)` makes the
+worker sleep that long before grading it: the only way tests can hit a real timeout deterministically."""
+_TEST_SLEEP = re.compile(r"_test_sleep\((\d+(?:\.\d+)?)\)")
+_STARTUP_TIMEOUT_S = 120.0
+
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_THINK = re.compile(r"<think>.*</think>", re.S)
+# Last number (1,234.5 or 3/4, optional sign) or LaTeX fraction; a '-' right after a word is an operator.
+_FINAL = re.compile(r"(?<![\w)])-?\\[dt]?frac\{[^{}]*\}\{[^{}]*\}"
+                    r"|(?<![\w)])-?\d+(?:,\d{3})*(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
+def extract_final_answer(text: str) -> str | None:
+    """The response's final answer: the last non-empty `\\boxed{...}` (braces balanced), else the last number.
+
+    Example: "so 2+3 = \\boxed{5}." -> "5"; "2 + 3 = 5." -> "5"; "1,234 apples" -> "1234"; "hello" -> None.
+    """
+    for match in reversed(list(_BOX.finditer(text))):
+        content = _braced(text, match.end())
+        if content is not None and content.strip():
+            return content.strip()
+    numbers = _FINAL.findall(text)
+    if not numbers:
+        return None
+    return _THOUSANDS.sub("", numbers[-1]).strip()
+
+
+def _braced(text: str, start: int) -> str | None:
+    """Content from `start` (just after an opening brace) to its matching close; None if unbalanced."""
+    depth = 1
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:i]
+    return None
+
+
+def gold_text(answer: str) -> str:
+    """Ground truth as LaTeX math: GSM8K's "... #### 1,234" -> "$1234$"; "\\frac{1}{2}" -> "$\\frac{1}{2}$"."""
+    answer = answer.strip()
+    if "####" in answer:
+        answer = _THOUSANDS.sub("", answer.rsplit("####", 1)[1].strip())
+    if re.search(r"(?<!\\)\$|\\boxed|\\\(|\\\[", answer):
+        return answer
+    return f"${answer}$"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(answer: str) -> list:
+    """Parse each gold once per process (a group's K responses share it)."""
+    from math_verify import parse
+    return parse(gold_text(answer), parsing_timeout=None)
+
+
+def grade(response: str, answer: str, *, require_think: bool = False) -> tuple[float, str]:
+    """SPEC §1.1 reward: 1.0 when the final answer verifies as equal to the gold, else 0.0, with the reason.
+
+    Runs without any timeout: call it through `MathVerifier` when the input is untrusted.
+
+    Args:
+        response: the model's text.
+        answer: ground truth (plain, LaTeX, or GSM8K `#### N`).
+        require_think: (code) demand a `<think>...</think>` block and grade only the text after it.
+
+    Returns:
+        (reward, reason), reason in "correct", "wrong", "no_answer", "no_think", "error".
+    """
+    from math_verify import parse, verify
+    if require_think:
+        think = _THINK.search(response)
+        if think is None:
+            return 0.0, "no_think"
+        response = response[think.end():]
+    predicted = extract_final_answer(response)
+    if predicted is None:
+        return 0.0, "no_answer"
+    try:
+        gold = _parse_gold(answer)
+        if not gold:
+            return 0.0, "error"  # the dataset's answer is unparseable: a data problem, counted as such
+        parsed = parse("\\boxed{" + predicted + "}", parsing_timeout=None)
+        if not parsed:
+            return 0.0, "no_answer"
+        ok = verify(gold, parsed, timeout_seconds=None)
+    except Exception:  # noqa: BLE001 - sympy raises anything; the reason records it
+        return 0.0, "error"
+    return (1.0, "correct") if ok else (0.0, "wrong")
+
+
+def _worker_main(conn, require_think: bool, test_hooks: bool) -> None:
+    """Worker loop: receive a list of (response, answer), send one (reward, reason) per item as it is done."""
+    import logging
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" notice: we time out here
+    import math_verify  # noqa: F401  - pay the import before announcing readiness
+    conn.send("ready")
+    while True:
+        try:
+            batch = conn.recv()
+        except EOFError:
+            return
+        if batch is None:
+            return
+        for response, answer in batch:
+            if test_hooks and (sleep := _TEST_SLEEP.search(response)):
+                time.sleep(float(sleep.group(1)))
+            conn.send(grade(response, answer, require_think=require_think))
+
+
+def _context():
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])  # workers fork from a server that imported math-verify
+        return ctx
+    return mp.get_context("spawn")
+
+
+class _Worker:
+    """One verification process and its end of the pipe."""
+
+    def __init__(self, ctx, require_think: bool, test_hooks: bool):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, require_think, test_hooks), daemon=True)
+        self.proc.start()
+        child.close()
+        self.ready = False
+        self.pending: deque[int] = deque()  # item indices sent and not yet answered, in order
+        self.deadline = 0.0
+
+    def wait_ready(self) -> None:
+        if not self.ready:
+            if not self.conn.poll(_STARTUP_TIMEOUT_S):
+                self.kill()
+                raise RuntimeError(f"math-verify worker did not start within {_STARTUP_TIMEOUT_S:.0f} s")
+            self.conn.recv()
+            self.ready = True
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(5)
+        self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.proc.join(2)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self.conn.close()
+
+
+def _stop_all(workers: list[_Worker]) -> None:
+    for w in workers:
+        w.stop()
+
+
+class MathVerifier:
+    """Pool of math-verify worker processes with a per-item timeout that kills and replaces a hung worker.
+
+    Use as a context manager. `verify` is thread-safe (calls are serialised); the pool lives across
+    calls, and each worker receives its share of a call's items in one message.
+    """
+
+    def __init__(self, timeout_s: float = 5.0, require_think: bool = False, workers: int = 1):
+        if timeout_s <= 0 or workers < 1:
+            raise ValueError(f"MathVerifier needs timeout_s > 0 and workers >= 1 (got {timeout_s}, {workers})")
+        self.timeout_s = float(timeout_s)
+        self.require_think = require_think
+        self.timeouts = 0
+        """Items scored 0 because they ran past timeout_s (SPEC §1.1 metric), over the pool's life."""
+        self._ctx = _context()
+        self._test_hooks = os.environ.get(TEST_HOOKS_ENV) == "1"
+        self._workers = [self._spawn() for _ in range(workers)]
+        self._lock = threading.Lock()
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _stop_all, self._workers)
+
+    def _spawn(self) -> _Worker:
+        return _Worker(self._ctx, self.require_think, self._test_hooks)
+
+    def __enter__(self) -> "MathVerifier":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        self._closed = True
+        self._finalizer()
+
+    def verify(self, responses: list[str], answers: list[str]) -> list[tuple[float, str]]:
+        """Grade responses[i] against answers[i]; an item past timeout_s scores (0.0, "timeout").
+
+        Returns:
+            One (reward, reason) per item, in order; reasons as `grade`, plus "timeout" and "error"
+            (the worker died on that item).
+        """
+        if len(responses) != len(answers):
+            raise ValueError(f"verify got {len(responses)} responses but {len(answers)} answers")
+        if self._closed:
+            raise RuntimeError("MathVerifier is closed")
+        with self._lock:
+            return self._run([(str(r), str(a)) for r, a in zip(responses, answers)])
+
+    def _run(self, items: list[tuple[str, str]]) -> list[tuple[float, str]]:
+        results: list[tuple[float, str] | None] = [None] * len(items)
+        if not items:
+            return []
+        share = -(-len(items) // len(self._workers))  # ceil: contiguous shares keep a group together
+        for w, start in zip(range(len(self._workers)), range(0, len(items), share)):
+            self._send(w, list(range(start, min(start + share, len(items)))), items)
+        while busy := [w for w in self._workers if w.pending]:
+            now = time.monotonic()
+            wait([w.conn for w in busy], timeout=max(0.0, min(w.deadline for w in busy) - now))
+            for i, worker in enumerate(self._workers):
+                if worker.pending:
+                    self._collect(i, worker, items, results)
+        return results  # type: ignore[return-value]
+
+    def _send(self, w: int, indices: list[int], items: list[tuple[str, str]]) -> None:
+        worker = self._workers[w]
+        worker.wait_ready()
+        worker.conn.send([items[i] for i in indices])
+        worker.pending = deque(indices)
+        worker.deadline = time.monotonic() + self.timeout_s
+
+    def _collect(self, w: int, worker: _Worker, items, results) -> None:
+        """Read what worker w has finished; replace it when its current item hung or it died."""
+        try:
+            while worker.pending and worker.conn.poll():
+                results[worker.pending.popleft()] = worker.conn.recv()
+                worker.deadline = time.monotonic() + self.timeout_s
+            if not worker.pending or time.monotonic() < worker.deadline:
+                return
+            reason = "timeout"
+        except (EOFError, OSError):
+            reason = "error"
+        results[worker.pending.popleft()] = (0.0, reason)
+        self.timeouts += reason == "timeout"
+        rest = list(worker.pending)
+        worker.kill()
+        self._workers[w] = self._spawn()  # in place: the finalizer holds this same list
+        if rest:
+            self._send(w, rest, items)
