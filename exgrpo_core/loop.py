@@ -77,7 +77,11 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
 
 @torch.no_grad()
 def score_rollouts(s: Session, rollouts: list[Rollout], entropy_kind: str = "mean") -> None:
-    """Trainer log-probs (temperature 1) and H(o) of each rollout, written into the records (SPEC §1.1)."""
+    """Trainer log-probs and H(o) of each rollout, written into the records (SPEC §1.1).
+
+    Logits are divided by the rollout temperature (1.0 by default, as in the paper), as verl does, so
+    the trained distribution is the one that was sampled.
+    """
     if not rollouts:
         return
     batch = collate(rollouts, [0.0] * len(rollouts), s.engine.pad_id)
@@ -85,7 +89,8 @@ def score_rollouts(s: Session, rollouts: list[Rollout], entropy_kind: str = "mea
     s.model.eval()
     logp, ent = policy.token_logprobs_and_entropy(
         s.model, batch.input_ids.to(s.accelerator.device), batch.attention_mask.to(s.accelerator.device),
-        micro_batch_size=2 * s.cfg.train.micro_batch_size, with_entropy=entropy_kind == "mean")
+        micro_batch_size=2 * s.cfg.train.micro_batch_size, with_entropy=entropy_kind == "mean",
+        temperature=s.cfg.rollout.temperature)
     s.model.train(was_training)
     mask = batch.response_mask.to(logp.device)
     h = policy.trajectory_entropy(ent, mask) if entropy_kind == "mean" else policy.trajectory_nll(logp, mask)
@@ -182,6 +187,7 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
         micro_batch_size=cfg.train.micro_batch_size, onpolicy_term=onpolicy_term, replay_term=replay_term,
         aggregation=cfg.loss.aggregation, max_response_len=cfg.rollout.max_response_tokens,
         entropy_coef=cfg.loss.entropy_coef, kl_coef=cfg.loss.kl_coef, ref_model=s.ref_model,
+        temperature=cfg.rollout.temperature,
         max_grad_norm=cfg.train.max_grad_norm, skip_grad_norm=cfg.train.skip_grad_norm))
     dt = time.perf_counter() - t0
     stats[M.TIME_TRAIN] = dt

@@ -22,7 +22,8 @@ from exgrpo_core.types import TrainBatch
 def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches: int,
              micro_batch_size: int, onpolicy_term: Callable, replay_term: Callable,
              aggregation: str, max_response_len: int, entropy_coef: float, kl_coef: float,
-             ref_model, max_grad_norm: float, skip_grad_norm: float | None) -> dict[str, float]:
+             ref_model, max_grad_norm: float, skip_grad_norm: float | None,
+             temperature: float = 1.0) -> dict[str, float]:
     """Run `n_minibatches` optimiser steps over the batch; return averaged detached stats."""
     model.train()
     sums: dict[str, float] = defaultdict(float)
@@ -36,7 +37,7 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
         for start in range(0, len(rows), micro_batch_size):
             micro = select_rows(mini, list(range(start, min(start + micro_batch_size, len(rows)))))
             loss, stats = _micro_loss(model, micro, denom, onpolicy_term, replay_term,
-                                      entropy_coef, kl_coef, ref_model, micro_batch_size)
+                                      entropy_coef, kl_coef, ref_model, micro_batch_size, temperature)
             accelerator.backward(loss)
             for k, v in stats.items():
                 if k == "loss/iw_max":
@@ -76,17 +77,17 @@ _ADDITIVE = ("loss/total", "loss/onpolicy", "loss/offpolicy", "loss/entropy", "l
 
 
 def _micro_loss(model, micro: TrainBatch, denom, onpolicy_term, replay_term, entropy_coef,
-                kl_coef, ref_model, micro_batch_size):
+                kl_coef, ref_model, micro_batch_size, temperature):
     """Forward one micro-batch and build the mixed-policy loss (ExGRPO Eq. 4, code weighting)."""
     logp, ent = policy.token_logprobs_and_entropy(
         model, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size,
-        with_entropy=entropy_coef > 0)
+        with_entropy=entropy_coef > 0, temperature=temperature)
     ref_logp = None
     if kl_coef > 0 and ref_model is not None:
         with torch.no_grad():
             ref_logp, _ = policy.token_logprobs_and_entropy(
                 ref_model, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size,
-                with_entropy=False)
+                with_entropy=False, temperature=temperature)
     return losses.mixed_policy_loss(
         logp, micro.old_logprobs, micro.advantages, micro.response_mask, micro.is_replay,
         onpolicy_term=onpolicy_term, replay_term=replay_term, denominator=denom,

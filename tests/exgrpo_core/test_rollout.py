@@ -34,16 +34,17 @@ def test_returns_n_generations_per_prompt_with_consistent_fields(engine):
         assert all(t not in engine.eos_ids for t in g.response_ids[:-1]), "tokens after EOS were kept"
 
 
-def test_sampler_logprobs_match_trainer_forward_at_temperature_one(engine):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampler_logprobs_match_trainer_forward_at_the_same_temperature(engine, temperature):
     torch.manual_seed(1)
     prompts = _prompts(engine)
-    gens = engine.generate(prompts, 2, temperature=1.0, max_new_tokens=5)
+    gens = engine.generate(prompts, 2, temperature=temperature, max_new_tokens=5)
     rollouts = [Rollout("q", p, g.response_ids, g.logprobs, g.text, g.truncated, 0)
                 for p, group in zip(prompts, gens) for g in group]
     batch = collate(rollouts, [0.0] * len(rollouts), engine.pad_id)
     with torch.no_grad():
         logp, ent = policy.token_logprobs_and_entropy(engine.model, batch.input_ids, batch.attention_mask,
-                                                      micro_batch_size=4)
+                                                      micro_batch_size=4, temperature=temperature)
     torch.testing.assert_close(logp[batch.response_mask], batch.old_logprobs[batch.response_mask],
                                atol=1e-4, rtol=1e-4)
     sampler_ent = torch.tensor([e for group in gens for g in group for e in g.entropies])
