@@ -45,7 +45,7 @@ class ModelLoadError(RuntimeError):
 def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """Character-level tokenizer for the `tiny` preset, built locally with `tokenizers`.
 
-    Example: "2+3" -> [<bos>?] '2' '+' '3' (one id per character); unknown characters map to <unk>.
+    Example: tokenizer("2+3", add_special_tokens=False) gives 3 ids, one per character; "%" gives <unk>.
 
     Returns:
         A fast tokenizer with <pad>/<bos>/<eos>/<unk>, role markers and a system/user/assistant chat template.
