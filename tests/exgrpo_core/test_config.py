@@ -77,4 +77,4 @@ def test_every_field_is_documented():
 
 def test_flatten_gives_dotted_params():
     flat = flatten(load_config("tiny"))
-    assert flat["rollout.group_size"] == 4 and "loss.shaping_beta" in flat
+    assert flat["rollout.group_size"] == 8 and "loss.shaping_beta" in flat
