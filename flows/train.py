@@ -91,6 +91,9 @@ def train(preset: str = "tiny", overrides: list[str] | None = None,
     s.store.update_run(s.run_id, mlflow_run_id=tracker.run_id, status="running")
     if s.resumed_from is not None:
         print(f"resumed run {s.run_id} after step {s.resumed_from}")
+        if s.step >= cfg.run.steps:
+            print(f"run '{cfg.run.name}' already completed {s.step} steps: raise run.steps to continue it, "
+                  "or set run.name to start a new run")
     stats: dict = {}
     try:
         for step in range(s.step, cfg.run.steps):
