@@ -33,7 +33,7 @@ class BatchPlan:
     replay: list[str]
 
 
-def plan_batch(s: Session) -> tuple[BatchPlan, dict]:
+def plan_batch(s: Session) -> BatchPlan:
     """Draw rho*B experiential questions by bucket weight, and the rest fresh (SPEC §1.2-1.3)."""
     cfg = s.cfg
     replay: list[str] = []
@@ -46,7 +46,7 @@ def plan_batch(s: Session) -> tuple[BatchPlan, dict]:
                            retired=s.store.retired_uids(s.run_id) if cfg.buffer.skip_retired_fresh else set(),
                            skip_retired=cfg.buffer.skip_retired_fresh,
                            min_remaining=cfg.buffer.min_fresh_remaining)
-    return BatchPlan(s.step, fresh, replay), {}
+    return BatchPlan(s.step, fresh, replay)
 
 
 def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
@@ -209,13 +209,13 @@ def buffer_snapshot(s: Session) -> dict:
 def run_iteration(s: Session) -> dict:
     """The whole iteration without an orchestrator: returns the step's metrics and advances the step."""
     t0 = time.perf_counter()
-    plan, st0 = plan_batch(s)
+    plan = plan_batch(s)
     rollouts, st1 = generate(s, plan)
     st2 = verify(s, rollouts)
     groups, st3 = update_buffer(s, plan, rollouts)
     replayed, st4 = select_trajectories(s, plan)
     st5 = train(s, groups, replayed)
-    out = {**st0, **st1, **st2, **st3, **st4, **st5, **buffer_snapshot(s)}
+    out = {**st1, **st2, **st3, **st4, **st5, **buffer_snapshot(s)}
     out[M.TIME_ITERATION] = time.perf_counter() - t0
     s.store.log_metrics(s.run_id, plan.step, out)
     s.store.update_run(s.run_id, step=plan.step)

@@ -27,7 +27,7 @@ _task = task(cache_policy=NO_CACHE, persist_result=False)
 
 @_task
 def select_questions(s: Session) -> loop.BatchPlan:
-    return loop.plan_batch(s)[0]
+    return loop.plan_batch(s)
 
 
 @_task

@@ -29,7 +29,7 @@ def session(tmp_path):
 def test_batch_mixes_rho_b_experiential_and_the_rest_fresh(session):
     for _ in range(3):
         loop.run_iteration(session)
-    plan, _ = loop.plan_batch(session)
+    plan = loop.plan_batch(session)
     assert len(plan.replay) == 4 and len(plan.fresh) == 4  # rho = 0.5 of B = 8
     assert not set(plan.replay) & set(plan.fresh)
     state = session.store.buffer_state(session.run_id, 4)
@@ -40,7 +40,7 @@ def test_batch_mixes_rho_b_experiential_and_the_rest_fresh(session):
 def test_mixed_group_is_k_minus_one_fresh_plus_the_lowest_entropy_trajectory(session):
     for _ in range(3):
         loop.run_iteration(session)
-    plan, _ = loop.plan_batch(session)
+    plan = loop.plan_batch(session)
     rollouts, _ = loop.generate(session, plan)
     for uid in plan.replay:
         assert sum(r.question_uid == uid for r in rollouts) == 3  # K - 1 fresh

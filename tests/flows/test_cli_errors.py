@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _train(_capsys, tiny_overrides, *extra):
+def _train(tiny_overrides, *extra):
     """Run the real CLI in a subprocess (Prefect's log handlers outlive pytest's captured streams)."""
     args = [sys.executable, "-m", "flows.cli", "train", "--config", "tiny"]
     for o in [*tiny_overrides, "run.steps=1", *extra]:
@@ -19,28 +19,28 @@ def _train(_capsys, tiny_overrides, *extra):
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def test_unknown_config_key_is_named(capsys, tiny_overrides):
-    code, out = _train(capsys, tiny_overrides, "rollout.temprature=0.7")
+def test_unknown_config_key_is_named(tiny_overrides):
+    code, out = _train(tiny_overrides, "rollout.temprature=0.7")
     assert code == 2 and "rollout.temprature: unknown key" in out
 
 
-def test_bad_database_url_is_named(capsys, tiny_overrides, prefect_server):
-    code, out = _train(capsys, tiny_overrides, "run.db_url=foo://nowhere/db")
+def test_bad_database_url_is_named(tiny_overrides, prefect_server):
+    code, out = _train(tiny_overrides, "run.db_url=foo://nowhere/db")
     assert code == 2 and "foo://nowhere/db" in out.replace("\n", "")
 
 
-def test_unreachable_mlflow_server_is_named(capsys, tiny_overrides, prefect_server):
-    code, out = _train(capsys, tiny_overrides, "run.mlflow_tracking_uri=http://127.0.0.1:9")
+def test_unreachable_mlflow_server_is_named(tiny_overrides, prefect_server):
+    code, out = _train(tiny_overrides, "run.mlflow_tracking_uri=http://127.0.0.1:9")
     flat = out.replace("\n", "")
     assert code == 2 and "http://127.0.0.1:9" in flat and "unreachable" in flat
 
 
-def test_malformed_dataset_row_is_named_and_existing_experience_kept(capsys, tmp_path, tiny_overrides,
+def test_malformed_dataset_row_is_named_and_existing_experience_kept(tmp_path, tiny_overrides,
                                                                        prefect_server):
-    assert _train(capsys, tiny_overrides, "run.name=keep")[0] == 0
+    assert _train(tiny_overrides, "run.name=keep")[0] == 0
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2"}\n')
-    code, out = _train(capsys, tiny_overrides, "run.name=keep", "run.steps=2", f"data.train_path={bad}")
+    code, out = _train(tiny_overrides, "run.name=keep", "run.steps=2", f"data.train_path={bad}")
     flat = out.replace("\n", "")
     assert code == 2 and "bad.jsonl" in flat and "line 2" in flat and "answer" in flat
     import sqlalchemy as sa
