@@ -50,7 +50,9 @@ def check_server(uri: str, timeout: float = 5.0) -> None:
 class MlflowRun:
     """Owns the MLflow run of one training flow run (created, or continued on resume)."""
 
-    def __init__(self, cfg: ExGRPOConfig, run_id: str | None, tags: dict[str, str]):
+    def __init__(self, cfg: ExGRPOConfig, run_id: str | None, tags: dict[str, str],
+                 parent_run_id: str | None = None):
+        """`parent_run_id` nests a new run under that run (a comparison's parent; it may be active)."""
         import mlflow
 
         self.mlflow = mlflow
@@ -66,7 +68,9 @@ class MlflowRun:
                 artifacts = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
             mlflow.create_experiment(cfg.run.mlflow_experiment, artifact_location=artifacts)
         mlflow.set_experiment(cfg.run.mlflow_experiment)
-        self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else cfg.run.name, tags=tags)
+        self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else cfg.run.name, tags=tags,
+                                    nested=parent_run_id is not None,
+                                    parent_run_id=None if run_id else parent_run_id)
         self.run_id = self.run.info.run_id
         if run_id is None:
             params = {k: ("None" if v is None else str(v))[:6000] for k, v in flatten(cfg).items()}

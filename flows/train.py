@@ -78,15 +78,17 @@ def log_step(s: Session, tracker: MlflowRun, step: int, stats: dict) -> dict:
 
 @flow(name="exgrpo-train", log_prints=True)
 def train(preset: str = "tiny", overrides: list[str] | None = None,
-          config: ExGRPOConfig | None = None) -> dict:
+          config: ExGRPOConfig | None = None, parent_mlflow_run_id: str | None = None) -> dict:
     """Train with ExGRPO: `preset` names a YAML in configs/, `overrides` are dotted.key=value strings.
 
-    `config`, when given, is used as is (preset and overrides are ignored).
+    `config`, when given, is used as is (preset and overrides are ignored). `parent_mlflow_run_id`
+    nests this run's MLflow run under a comparison's parent run.
     """
     cfg = config or load_config(preset, overrides or [])
     check_server(resolve_tracking_uri(cfg))  # a dead MLflow server fails before any work is done
     s = open_session(cfg)
-    tracker = MlflowRun(cfg, s.mlflow_run_id, tags={"exgrpo.run_id": s.run_id, "exgrpo.preset": cfg.preset})
+    tracker = MlflowRun(cfg, s.mlflow_run_id, tags={"exgrpo.run_id": s.run_id, "exgrpo.preset": cfg.preset},
+                        parent_run_id=parent_mlflow_run_id)
     s.mlflow_run_id = tracker.run_id
     s.store.update_run(s.run_id, mlflow_run_id=tracker.run_id, status="running")
     if s.resumed_from is not None:
