@@ -1,0 +1,105 @@
+"""Per-GPU memory plan of a run: weights, gradients, optimiser state, activations, logits, vLLM KV cache.
+
+Closed-form estimates from the model shape and the config, to size a cluster before renting it
+(docs/scaling.md prints the plan of `configs/paper.yaml`). FSDP full sharding over `world` GPUs with
+fp32 master weights, fp32 gradients and two fp32 AdamW moments; bf16 compute; activations under
+gradient checkpointing keep one hidden state per layer plus one layer being recomputed; the
+model returns bf16 logits for the whole micro-batch (policy.py), and the fp32 log-prob / entropy
+maths runs in chunks of `logits_chunk` positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs from a decoder-only transformer's config."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tied_embeddings: bool = False
+    qkv_bias: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def params(self) -> int:
+        """Parameter count: attention (q, o full; k, v grouped, with q/k/v biases), SwiGLU MLP, norms, embeddings."""
+        kv = self.kv_heads * self.head_dim
+        attn = 2 * self.hidden * self.hidden + 2 * self.hidden * kv
+        attn += (self.hidden + 2 * kv) if self.qkv_bias else 0
+        mlp = 3 * self.hidden * self.intermediate
+        per_layer = attn + mlp + 2 * self.hidden
+        emb = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.layers * per_layer + emb + self.hidden
+
+    @classmethod
+    def from_hf_config(cls, c) -> "ModelShape":
+        return cls(layers=c.num_hidden_layers, hidden=c.hidden_size, intermediate=c.intermediate_size,
+                   heads=c.num_attention_heads, kv_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
+                   vocab=c.vocab_size, tied_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+                   qkv_bias=bool(getattr(c, "attention_bias", c.model_type == "qwen2")))
+
+
+# Qwen2.5-Math-7B (config.json of the Hugging Face checkpoint).
+QWEN25_MATH_7B = ModelShape(layers=28, hidden=3584, intermediate=18944, heads=28, kv_heads=4, vocab=152064)
+
+
+@dataclass(frozen=True)
+class Plan:
+    rows: dict[str, float]  # name -> GiB per GPU
+    notes: dict[str, str]
+
+    @property
+    def total(self) -> float:
+        return sum(self.rows.values())
+
+
+def kv_bytes_per_token(m: ModelShape, tp: int, dtype_bytes: int = 2) -> float:
+    """K and V for every layer, split over `tp` tensor-parallel ranks."""
+    return 2 * m.layers * m.kv_heads * m.head_dim * dtype_bytes / tp
+
+
+def memory_plan(m: ModelShape, *, world: int, micro_batch_tokens: int, logits_chunk: int = 4096,
+                vllm_tp: int = 2, vllm_gpu_share: float = 0.35, gpu_gib: float = 80.0,
+                prefetch_layers: int = 2) -> Plan:
+    """Per-GPU GiB during the train phase plus the colocated vLLM engine (weights + KV cache)."""
+    p = m.params
+    layer_params = (p - m.vocab * m.hidden * (1 if m.tied_embeddings else 2)) / m.layers
+    rows = {
+        "weights fp32 (sharded)": 4 * p / world / GiB,
+        "gradients fp32 (sharded)": 4 * p / world / GiB,
+        "AdamW moments fp32 (sharded)": 8 * p / world / GiB,
+        "gathered bf16 layers (FSDP prefetch)": 2 * (prefetch_layers * layer_params + m.vocab * m.hidden) / GiB,
+        "checkpointed hidden states bf16": 2 * micro_batch_tokens * m.hidden * m.layers / GiB,
+        "one layer recomputed (MLP dominates)": 2 * micro_batch_tokens * (3 * m.intermediate + 4 * m.hidden) / GiB,
+        "model logits bf16 + their grad": 2 * 2 * micro_batch_tokens * m.vocab / GiB,
+        "log-prob/entropy chunk fp32 (+grad)": 2 * 4 * min(logits_chunk, micro_batch_tokens) * m.vocab / GiB,
+    }
+    vllm_total = vllm_gpu_share * gpu_gib
+    vllm_weights = 2 * p / vllm_tp / GiB
+    rows["vLLM weights bf16 (TP shard)"] = vllm_weights
+    rows["vLLM KV cache"] = max(vllm_total - vllm_weights, 0.0)
+    kv_tokens = rows["vLLM KV cache"] * GiB / kv_bytes_per_token(m, vllm_tp)
+    notes = {"params": f"{p / 1e9:.2f} B", "kv_tokens_per_engine": f"{kv_tokens:,.0f}",
+             "kv_bytes_per_token_per_gpu": f"{kv_bytes_per_token(m, vllm_tp):,.0f}",
+             "headroom_gib": f"{gpu_gib - sum(rows.values()):.1f}"}
+    return Plan(rows, notes)
+
+
+def render(plan: Plan) -> str:
+    """Markdown table of a plan."""
+    lines = ["| per GPU | GiB |", "|---|---:|"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in plan.rows.items()]
+    lines.append(f"| **total** | **{plan.total:.1f}** |")
+    return "\n".join(lines)
