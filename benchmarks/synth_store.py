@@ -106,6 +106,8 @@ def simulate(n_trajectories: int, n_questions: int, K: int, response_tokens: int
         p = 1 / (1 + np.exp(-(skill + 2.5 * step / expected_steps)))  # accuracy eases with training
         correct_total, n_total = 0, 0
         for q, is_replay in [(q, False) for q in fresh_q] + [(q, True) for q in replay_q]:
+            if sim.n_traj >= n_trajectories:  # the last step stops at a group boundary
+                break
             n = K - 1 if is_replay else K
             c = int(rng.binomial(n, p[q]))
             k = c + int(is_replay)
