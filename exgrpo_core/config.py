@@ -180,13 +180,34 @@ class TrainConfig(_Section):
 
 class EvalConfig(_Section):
     every: int = Field(default=0, ge=0)
-    """Evaluate on data.eval_path every N steps (0: off)."""
+    """Evaluate during training after every N completed steps (0: off)."""
+    final: bool = False
+    """Evaluate once more at the end of training (skipped when the periodic one just ran)."""
+    suites: list[str] = []
+    """Datasets to evaluate on: named suites (`paper`, `paper-valid`, `gsm8k`), `bundled:NAME`,
+    .jsonl / .parquet paths or `hf:NAME`. Empty: `data.eval_path`. Each row's source (verl
+    `data_source`) is a benchmark; repeated rows of one question are one question sampled more."""
     samples: int = Field(default=1, ge=1)
-    """Responses per question (pass@1 as avg@k)."""
+    """Responses per row; a question repeated r times in the file gets r * samples (pass@1 as avg@k)."""
     temperature: float = Field(default=0.6, gt=0)
     """Evaluation temperature (paper: 0.6)."""
-    max_questions: int | None = None
-    """Evaluate on the first N questions only."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Evaluation nucleus sampling (paper: 1.0)."""
+    max_response_tokens: int | None = Field(default=None, ge=1)
+    """Evaluation response length (paper: 8192). None: rollout.max_response_tokens."""
+    max_questions: int | None = Field(default=None, ge=1)
+    """Evaluate the first N distinct questions of each benchmark only (None: all)."""
+    pass_k: list[int] = [8]
+    """Also report unbiased pass@k for these k, on benchmarks with at least k samples per question."""
+    batch_size: int | None = Field(default=None, ge=1)
+    """Sequences per `generate` call. None: rollout.generation_batch_size."""
+
+    @model_validator(mode="after")
+    def _check_eval(self) -> "EvalConfig":
+        bad = [k for k in self.pass_k if k < 1]
+        if bad:
+            raise ValueError(f"eval.pass_k values must be >= 1 (got {bad})")
+        return self
 
 
 class ExGRPOConfig(_Section):
@@ -213,7 +234,7 @@ class ExGRPOConfig(_Section):
     train: TrainConfig = TrainConfig()
     """Batching and optimiser."""
     eval: EvalConfig = EvalConfig()
-    """Periodic evaluation."""
+    """Benchmark evaluation: periodic during training, final, and standalone (`exgrpo evaluate`)."""
 
     @model_validator(mode="after")
     def _check(self) -> "ExGRPOConfig":
@@ -232,6 +253,9 @@ class ExGRPOConfig(_Section):
             raise ValueError(
                 "train.batch_size must be a multiple of train.mini_batch_size "
                 f"(got {self.train.batch_size} and {self.train.mini_batch_size})")
+        if (self.eval.every > 0 or self.eval.final) and not (self.eval.suites or self.data.eval_path):
+            raise ValueError("eval.every > 0 or eval.final needs something to evaluate on: set eval.suites "
+                             "(e.g. [paper-valid]) or data.eval_path")
         if self.rollout.engine == "vllm":
             raise ValueError("rollout.engine=vllm is not available yet (issue: scale out); use transformers")
         return self

@@ -6,6 +6,8 @@ database, and the dashboard reads them. `bucket_key(k)` covers the per-bucket co
 
 from __future__ import annotations
 
+import re
+
 # rollout / verify
 REWARD_MEAN = "rollout/reward_mean"
 FRESH_PASS1 = "rollout/fresh_pass1"
@@ -59,8 +61,23 @@ TIME_ITERATION = "perf/iteration_s"
 TIME_CHECKPOINT = "perf/checkpoint_s"
 ROLLOUT_TOKENS_PER_S = "perf/rollout_tokens_per_s"
 TRAIN_TOKENS_PER_S = "perf/train_tokens_per_s"
-# evaluation
+# evaluation: eval/<benchmark>/<metric> (see eval_key), eval/average/pass_at_1, and the eval timings
 EVAL_PREFIX = "eval/"
+EVAL_METRICS = ("pass@1", "samples", "questions", "response_length", "truncation_rate", "no_answer_rate",
+                "timeout_rate")
+"""Per-benchmark metric names (tables, DB `eval_results`); plus `pass@k` for the configured k."""
+EVAL_SECONDS = "eval/seconds"
+EVAL_QUESTIONS_PER_S = "eval/questions_per_s"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\- ]")
+_EVAL_KEY = re.compile(r"eval/[^/]+/(pass_at_\d+|" + "|".join(m for m in EVAL_METRICS if "@" not in m) + ")")
+
+
+def eval_key(benchmark: str, metric: str) -> str:
+    """MLflow / step-metric key of an eval metric: `eval/AIME24/pass_at_1` (MLflow names forbid '@').
+
+    Benchmark names keep letters, digits and `_-. `; anything else becomes `_`.
+    """
+    return f"{EVAL_PREFIX}{_UNSAFE.sub('_', benchmark)}/{metric.replace('@', '_at_')}"
 
 
 def bucket_key(k: int) -> str:
@@ -70,11 +87,12 @@ def bucket_key(k: int) -> str:
 
 STEP_METRICS: tuple[str, ...] = tuple(
     v for name, v in sorted(globals().items()) if name.isupper() and isinstance(v, str) and "/" in v
-    and not v.endswith("/"))
+    and not v.startswith(EVAL_PREFIX))
+"""Logged every training step (evaluation keys appear only at evaluation steps)."""
 
 
 def declared(key: str, group_size: int) -> bool:
-    """True if `key` is part of the contract (fixed names, bucket counts 0..K, eval/*)."""
-    if key in STEP_METRICS or key.startswith(EVAL_PREFIX):
+    """True if `key` is part of the contract (fixed names, bucket counts 0..K, eval keys)."""
+    if key in STEP_METRICS or key in (EVAL_SECONDS, EVAL_QUESTIONS_PER_S) or _EVAL_KEY.fullmatch(key):
         return True
     return key in {bucket_key(k) for k in range(group_size + 1)}

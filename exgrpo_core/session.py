@@ -18,7 +18,6 @@ import torch
 
 from exgrpo_core import checkpoint, data, models
 from exgrpo_core.config import ExGRPOConfig
-from exgrpo_core.config_io import ConfigError
 from exgrpo_core.rewards import MathVerifier
 from exgrpo_core.rollout import TransformersEngine
 from exgrpo_core.sampler import FreshSampler
@@ -82,9 +81,6 @@ def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
     """Build or resume the run described by `cfg` (see module docstring)."""
     from accelerate import Accelerator
 
-    if cfg.eval.every > 0:
-        raise ConfigError("eval.every > 0: periodic evaluation inside training is not available yet "
-                         "(benchmark-evaluation issue #4); set eval.every=0")
     run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
     ckpt = checkpoint.latest_checkpoint(run_dir) if cfg.run.resume != "never" else None
     if cfg.run.resume == "must" and ckpt is None:

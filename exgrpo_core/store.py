@@ -15,7 +15,7 @@ from collections import Counter
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, case, insert, select, update
+from sqlalchemy import Connection, bindparam, case, delete, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -307,14 +307,32 @@ class ExperienceStore:
         return out
 
     def save_eval(self, run_id: str, step: int, benchmark: str, metrics: dict[str, float], n: int) -> None:
-        """One row per metric of an evaluation of `benchmark` (n questions) at `step`."""
+        """One row per metric of an evaluation of `benchmark` (n questions) at `step`.
+
+        Replaces an earlier evaluation of the same (run, step, benchmark), so re-evaluating a step
+        (a resumed run, a repeated `exgrpo evaluate`) never duplicates rows.
+        """
         now = _now()
         rows = [dict(run_id=run_id, step=step, benchmark=benchmark, metric=k, value=_float(k, v), n=n,
                      created_at=now) for k, v in metrics.items()]
         with write_transaction(self.engine, f"saving evaluation of run {run_id} at step {step}") as conn:
             self._require_run(conn, run_id)
+            conn.execute(delete(EvalResult).where(EvalResult.run_id == run_id, EvalResult.step == step,
+                                                  EvalResult.benchmark == benchmark))
             if rows:
                 bulk_insert(conn, insert(EvalResult), rows)
+
+    def get_evals(self, run_id: str) -> list[dict]:
+        """The run's evaluations in (step, benchmark) order: [{step, benchmark, metrics: {name: value}, n}]."""
+        E = EvalResult
+        q = (select(E.step, E.benchmark, E.metric, E.value, E.n).where(E.run_id == run_id)
+             .order_by(E.step, E.benchmark, E.metric))
+        out: dict[tuple[int, str], dict] = {}
+        with read_connection(self.engine, f"reading evaluations of run {run_id}") as conn:
+            for step, bench, metric, value, n in conn.execute(q):
+                row = out.setdefault((step, bench), {"step": step, "benchmark": bench, "metrics": {}, "n": n})
+                row["metrics"][metric] = math.nan if value is None else value
+        return list(out.values())
 
     def rollback_to(self, run_id: str, step: int) -> dict[str, int]:
         """Return the run's experience to the end of `step` (resume from a checkpoint), in one transaction.
