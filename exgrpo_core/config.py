@@ -96,6 +96,12 @@ class RolloutConfig(_Section):
     """Responses stop here and are flagged truncated (paper: 8192)."""
     generation_batch_size: int = Field(default=64, ge=1)
     """Sequences generated per `generate` call."""
+    vllm_gpu_memory_utilization: float = Field(default=0.4, gt=0, lt=1)
+    """(vllm) Share of each GPU the colocated engine may take (weights + KV cache)."""
+    vllm_tensor_parallel_size: int = Field(default=1, ge=1)
+    """(vllm) GPUs one engine spans (paper recipe: 2)."""
+    vllm_enforce_eager: bool = False
+    """(vllm) Skip CUDA graph capture (slower decoding, faster start, less memory)."""
 
 
 class RewardConfig(_Section):
@@ -256,8 +262,6 @@ class ExGRPOConfig(_Section):
         if (self.eval.every > 0 or self.eval.final) and not (self.eval.suites or self.data.eval_path):
             raise ValueError("eval.every > 0 or eval.final needs something to evaluate on: set eval.suites "
                              "(e.g. [paper-valid]) or data.eval_path")
-        if self.rollout.engine == "vllm":
-            raise ValueError("rollout.engine=vllm is not available yet (issue: scale out); use transformers")
         return self
 
     @property

@@ -80,6 +80,12 @@ def eval_key(benchmark: str, metric: str) -> str:
     return f"{EVAL_PREFIX}{_UNSAFE.sub('_', benchmark)}/{metric.replace('@', '_at_')}"
 
 
+# external rollout engine (vLLM only; absent with the transformers engine)
+ENGINE_PREFIX = "engine/"
+ENGINE_SYNC_GAP = ENGINE_PREFIX + "sync_logprob_gap"
+ENGINE_SYNC_S = ENGINE_PREFIX + "sync_s"
+
+
 def bucket_key(k: int) -> str:
     """`buffer/bucket_3`: number of questions whose latest group had k correct."""
     return f"buffer/bucket_{k}"
@@ -87,12 +93,14 @@ def bucket_key(k: int) -> str:
 
 STEP_METRICS: tuple[str, ...] = tuple(
     v for name, v in sorted(globals().items()) if name.isupper() and isinstance(v, str) and "/" in v
-    and not v.startswith(EVAL_PREFIX))
+    and not v.startswith((EVAL_PREFIX, ENGINE_PREFIX)))
 """Logged every training step (evaluation keys appear only at evaluation steps)."""
 
 
 def declared(key: str, group_size: int) -> bool:
     """True if `key` is part of the contract (fixed names, bucket counts 0..K, eval keys)."""
     if key in STEP_METRICS or key in (EVAL_SECONDS, EVAL_QUESTIONS_PER_S) or _EVAL_KEY.fullmatch(key):
+        return True
+    if key in (ENGINE_SYNC_GAP, ENGINE_SYNC_S):
         return True
     return key in {bucket_key(k) for k in range(group_size + 1)}

@@ -78,6 +78,10 @@ class WeightSyncExtension:
         model.load_weights(weights=[(n, t.to(device, non_blocking=True)) for n, t in named])
         return len(named)
 
+    def exgrpo_checksums(self, names: list[str]) -> dict[str, float]:
+        params = dict(self.model_runner.model.named_parameters())  # type: ignore[attr-defined]
+        return {n: float(params[n].double().sum()) for n in names if n in params}
+
 
 class VLLMEngine:
     """Colocated vLLM `LLM` sharing the trainer's GPU(s); see the module docstring."""
@@ -124,6 +128,10 @@ class VLLMEngine:
         counts = self.llm.collective_rpc("exgrpo_load_weights", args=(named,))
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         return int(counts[0])
+
+    def checksums(self, names: list[str]) -> dict[str, float]:
+        """float64 sums of named (unfused, replicated) vLLM parameters, from the first worker."""
+        return self.llm.collective_rpc("exgrpo_checksums", args=(names,))[0]
 
     def probe(self, token_ids: Sequence[int]) -> list[float]:
         """vLLM's log-probs of tokens 1..n-1 of a fixed sequence (temperature 1)."""

@@ -121,8 +121,7 @@ def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
     session = Session(
         cfg=cfg, run_id=run_id, run_dir=run_dir, model=model, tokenizer=tokenizer, optimizer=optimizer,
         accelerator=accelerator,
-        engine=TransformersEngine(accelerator.unwrap_model(model), tokenizer, top_p=cfg.rollout.top_p,
-                                  batch_size=cfg.rollout.generation_batch_size),
+        engine=_make_engine(cfg, accelerator.unwrap_model(model), tokenizer, source, run_dir),
         verify=verify, store=store, questions={q.uid: q for q in questions},
         sampler=FreshSampler([q.uid for q in questions], cfg.run.seed), rng=random.Random(cfg.run.seed),
         ref_model=ref_model)
@@ -134,6 +133,26 @@ def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
     if state:
         _restore(session, state)
     return session
+
+
+def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str, run_dir: Path):
+    """The transformers engine shares the trainer's module; vLLM loads its own copy of the weights."""
+    if cfg.rollout.engine == "transformers":
+        return TransformersEngine(model, tokenizer, top_p=cfg.rollout.top_p,
+                                  batch_size=cfg.rollout.generation_batch_size)
+    from exgrpo_core.rollout_vllm import VLLMEngine
+
+    path = source
+    if not Path(source).is_dir():  # built locally (tiny, GGUF) or a hub name: give vLLM a plain HF folder
+        path = str(run_dir / "vllm_base")
+        if not Path(path, "config.json").exists():
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+    return VLLMEngine(path, tokenizer, top_p=cfg.rollout.top_p, dtype=cfg.model.dtype, seed=cfg.run.seed,
+                      gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
+                      tensor_parallel_size=cfg.rollout.vllm_tensor_parallel_size,
+                      max_model_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens,
+                      enforce_eager=cfg.rollout.vllm_enforce_eager)
 
 
 def _restore(session: Session, state: dict) -> None:

@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
-_USER_ERRORS = {"ConfigError", "DataError", "StoreError", "TrackingError", "ModelLoadError", "ResumeError"}
+_USER_ERRORS = {"ConfigError", "DataError", "StoreError", "TrackingError", "ModelLoadError", "ResumeError",
+                "VLLMUnavailable"}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -114,3 +114,15 @@ def test_real_engine_generates_and_syncs(tmp_path):
     trainer = torch.log_softmax(model(torch.tensor([probe])).logits[0, :-1].float(), -1)
     trainer = trainer.gather(-1, torch.tensor(probe[1:])[:, None])[:, 0].tolist()
     assert probe_gap(after, trainer) < 1e-2 < probe_gap(before, trainer)
+
+
+def test_vllm_engine_config_fails_clearly_on_cpu(tmp_path):
+    if _has_cuda_vllm():
+        pytest.skip("this machine can run vLLM")
+    from exgrpo_core.config_io import load_config
+    from exgrpo_core.session import open_session
+
+    cfg = load_config("tiny", [f"run.output_dir={tmp_path}", f"run.db_url=sqlite:///{tmp_path / 'e.db'}",
+                               "rollout.engine=vllm"])
+    with pytest.raises(VLLMUnavailable, match="exgrpo\\[vllm\\]|CUDA"):
+        open_session(cfg, verify=lambda *a, **k: None)

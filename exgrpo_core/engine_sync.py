@@ -1,0 +1,60 @@
+"""After every optimiser step: push the trainer's weights to an external rollout engine (vLLM) and
+prove they landed — a known silent failure in peers is an engine that keeps sampling from stale weights.
+
+Two checks per step: (1) checksums of the parameters vLLM keeps unfused and replicated (the RMSNorm
+weights) must equal the trainer's, cast to the engine's dtype — a hard error otherwise; (2) the mean
+absolute log-prob gap between engine and trainer on a fixed probe sequence, logged as a metric.
+The transformers engine shares the trainer's module, so it needs neither.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from exgrpo_core import metrics as M
+from exgrpo_core.rollout_vllm import probe_gap
+
+
+class EngineSyncError(RuntimeError):
+    """The rollout engine's weights differ from the trainer's after a push."""
+
+
+def norm_names(model) -> list[str]:
+    """Names of the normalisation weights (kept unfused by vLLM's loaders)."""
+    return [n for n, _ in model.named_parameters() if n.endswith("norm.weight")]
+
+
+def trainer_checksums(model, names: list[str], dtype: torch.dtype) -> dict[str, float]:
+    params = dict(model.named_parameters())
+    return {n: float(params[n].detach().to(dtype).double().sum()) for n in names}
+
+
+def compare_checksums(trainer: dict[str, float], engine: dict[str, float], rel: float = 1e-9) -> list[str]:
+    """Names whose engine checksum is missing or differs from the trainer's."""
+    return [n for n, v in trainer.items()
+            if n not in engine or abs(engine[n] - v) > rel * max(1.0, abs(v))]
+
+
+@torch.no_grad()
+def trainer_probe(model, token_ids: list[int]) -> list[float]:
+    """Trainer log-probs of tokens 1..n-1 of `token_ids` (temperature 1)."""
+    dev = next(model.parameters()).device
+    logits = model(input_ids=torch.tensor([token_ids], device=dev)).logits[0, :-1].float()
+    logp = torch.log_softmax(logits, -1)
+    return logp.gather(-1, torch.tensor(token_ids[1:], device=dev)[:, None])[:, 0].tolist()
+
+
+def push_and_check(engine, model, probe_ids: list[int], engine_dtype: torch.dtype) -> dict[str, float]:
+    """Push weights, verify checksums (raise on mismatch), and return the sync metrics."""
+    t0 = time.perf_counter()
+    engine.push_weights(model.named_parameters())
+    names = norm_names(model)
+    bad = compare_checksums(trainer_checksums(model, names, engine_dtype), engine.checksums(names))
+    if bad:
+        raise EngineSyncError(f"rollout engine weights differ from the trainer's after a push "
+                              f"({len(bad)} of {len(names)} checked tensors, e.g. {bad[0]}); stopping "
+                              "before sampling from stale weights")
+    gap = probe_gap(engine.probe(probe_ids), trainer_probe(model, probe_ids))
+    return {M.ENGINE_SYNC_GAP: gap, M.ENGINE_SYNC_S: time.perf_counter() - t0}
