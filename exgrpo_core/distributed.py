@@ -1,0 +1,89 @@
+"""Several processes (`accelerate launch --num_processes N`): the main process decides, every process computes.
+
+Rank 0 owns the experience database, MLflow and Prefect; the others hold the same model and follow
+its decisions through torch.distributed (gloo on CPU, NCCL on GPU). What moves between processes
+is plain records (questions to sample, rollouts, training rows), pickled by the object collectives.
+With one process (or no process group) every helper is a no-op, so single-process code is unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence, TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Topology:
+    rank: int
+    world: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def topology() -> Topology:
+    """This process's rank and the world size (0 / 1 without a process group)."""
+    if dist.is_available() and dist.is_initialized():
+        return Topology(dist.get_rank(), dist.get_world_size())
+    return Topology(0, 1)
+
+
+def broadcast(obj: T | None, src: int = 0) -> T:
+    """`obj` from rank `src` on every rank."""
+    if topology().world == 1:
+        return obj  # type: ignore[return-value]
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather_lists(part: list[T]) -> list[T] | None:
+    """Concatenate every rank's list, in rank order, on rank 0 (None on the others)."""
+    topo = topology()
+    if topo.world == 1:
+        return list(part)
+    out: list[Any] | None = [None] * topo.world if topo.is_main else None
+    dist.gather_object(part, out, dst=0)
+    return [x for p in out for x in p] if out is not None else None
+
+
+def shard(items: Sequence[T], rank: int, world: int) -> list[T]:
+    """Contiguous share of `items` for `rank`: sizes differ by at most one, concatenation restores order."""
+    base, extra = divmod(len(items), world)
+    start = rank * base + min(rank, extra)
+    return list(items[start:start + base + (1 if rank < extra else 0)])
+
+
+def all_reduce_grads(params) -> None:
+    """Sum gradients over processes (a missing gradient counts as zeros)."""
+    if topology().world == 1:
+        return
+    for p in params:
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+
+
+def all_reduce_sums(values: dict[str, float], keys: Sequence[str]) -> dict[str, float]:
+    """Sum the numbers under `keys` over processes (missing keys count as 0); other keys unchanged."""
+    if topology().world == 1:
+        return dict(values)
+    t = torch.tensor([float(values.get(k, 0.0)) for k in keys], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return {**values, **{k: float(v) for k, v in zip(keys, t.tolist())}}
+
+
+def all_reduce_max(value: float) -> float:
+    if topology().world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
