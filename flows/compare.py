@@ -1,0 +1,111 @@
+"""Prefect comparison flow: on-policy GRPO vs ExGRPO and the paper's ablations as child training runs.
+
+One MLflow parent run (the comparison) with a nested run per (arm, seed); the children are the train
+flow run as subflows, one after the other, with the same data, seed and B*K rollout slots per step.
+Afterwards every child is read back from its database, the budget is checked step by step, and the
+table and plots become artifacts of the parent run. Arms: flows/compare_arms.py; docs/comparison.md.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from exgrpo_core.config import ExGRPOConfig
+from exgrpo_core.config_io import load_config
+from exgrpo_core.store import ExperienceStore, resolve_db_url
+from flows import compare_report as report
+from flows.compare_arms import ArmRun, build_arm_runs, can_evaluate, parse_arms, parse_seeds, rollout_slots
+from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
+from flows.train import train
+
+_task = task(cache_policy=NO_CACHE, persist_result=False)
+
+
+@_task
+def collect(run: ArmRun, summary: dict) -> dict:
+    """Read one finished child back from its experience database."""
+    store = ExperienceStore(resolve_db_url(run.cfg.run.db_url, summary["run_dir"]))
+    try:
+        out = report.arm_result(store, summary["run_id"], run.arm, run.seed, rollout_slots(run.cfg), run.paper_id_avg)
+    finally:
+        store.close()
+    out["row"]["mlflow_run_id"] = summary["mlflow_run_id"]
+    return out
+
+
+@_task
+def write_report(results: list[dict], out_dir: str, name: str, meta: dict) -> dict[str, str]:
+    return report.write_report(results, Path(out_dir), name, meta)
+
+
+@flow(name="exgrpo-compare", log_prints=True)
+def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list[str] | None = None,
+            seeds: list[int] = [0], evaluate: bool = True, name: str | None = None) -> dict:  # noqa: B006
+    """Train every arm x seed (all arms when `arms` is None), evaluate, and write the comparison table.
+
+    `overrides` apply to every arm; the arm's own overrides win. `name` (default `compare-<preset>`)
+    names the parent MLflow run and prefixes the child runs, so rerunning resumes them.
+    """
+    name = name or f"compare-{preset}"
+    runs = build_arm_runs(preset, overrides, arms, seeds, name, evaluate)  # bad arm/override: ConfigError now
+    base = load_config(preset, [*(overrides or []), f"run.name={name}"])
+    check_server(resolve_tracking_uri(base))
+    parent = MlflowRun(base, _find_parent(base, name), tags={"exgrpo.comparison": name, "exgrpo.preset": preset,
+                                                             "exgrpo.arms": ",".join(parse_arms(arms))})
+    try:
+        results = []
+        for run in runs:
+            print(f"arm {run.arm} seed {run.seed}: run {run.cfg.run.name}")
+            summary = train(preset=preset, config=run.cfg, parent_mlflow_run_id=parent.run_id)
+            results.append(collect(run, summary))
+        out_dir = Path(base.run.output_dir).resolve() / name
+        meta = _meta(base, preset, overrides, arms, seeds, name, evaluate, runs)
+        paths = write_report(results, str(out_dir), name, meta)
+        for path in paths.values():
+            parent.mlflow.MlflowClient().log_artifact(parent.run_id, path)
+        report.check_budget(results)  # after the table is written, so a failure still leaves the numbers
+        parent.end("FINISHED")
+    except BaseException:
+        parent.end("FAILED")
+        raise
+    print(Path(paths["md"]).read_text())
+    return {"name": name, "parent_mlflow_run_id": parent.run_id, "files": paths,
+            "rows": [r["row"] for r in results], "slots_per_step": rollout_slots(base)}
+
+
+def _find_parent(cfg: ExGRPOConfig, name: str) -> str | None:
+    """The MLflow run id of an earlier comparison with this name (so a rerun continues it)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=resolve_tracking_uri(cfg))
+    exp = client.get_experiment_by_name(cfg.run.mlflow_experiment)
+    if exp is None:
+        return None
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`exgrpo.comparison` = '{name}'",
+                               max_results=1)
+    return found[0].info.run_id if found else None
+
+
+def _meta(base: ExGRPOConfig, preset: str, overrides, arms, seeds, name: str, evaluate: bool,
+          runs: list[ArmRun]) -> dict:
+    K, B = base.rollout.group_size, base.train.batch_size
+    cmd = ["exgrpo", "compare", "--config", preset, "--name", name, "--arms", ",".join(parse_arms(arms)),
+           "--seeds", ",".join(map(str, parse_seeds(seeds))), *sum((["--set", o] for o in overrides or []), [])]
+    held = "final held-out evaluation on " + str(getattr(base.eval, "suites", None) or base.data.eval_path) \
+        if evaluate and can_evaluate(base) else "no held-out evaluation (no eval.suites / data.eval_path, or evaluate off)"
+    notes = [f"Command: `{shlex.join(cmd + ([] if evaluate else ['--no-eval']))}`", "",
+             f"Preset `{preset}`, {base.run.steps} steps, B={B} questions x K={K}: every step fills "
+             f"B*K={B * K} rollout slots in every arm. Fresh questions get K generated responses, "
+             "experiential ones K-1 generated + 1 replayed, so `responses generated` is lower by "
+             "`replayed` in replay arms (docs/comparison.md). `budget ok`: generated + replayed = B*K at every step.",
+             f"Rewards are the last step's values (`mean reward`: over all steps); {held}.",
+             "`paper ID avg (ref)`: the paper's in-distribution average for Qwen2.5-Math-7B (SPEC §1.4), "
+             "a reference for the direction of each ablation, not comparable in scale."]
+    return {"preset": preset, "overrides": list(overrides or []), "arms": parse_arms(arms),
+            "seeds": parse_seeds(seeds), "steps": base.run.steps, "slots_per_step": B * K,
+            "evaluate": evaluate, "command": shlex.join(cmd), "notes": notes,
+            "runs": {f"{r.arm}/s{r.seed}": r.cfg.run.name for r in runs}}

@@ -1,0 +1,189 @@
+"""A comparison's results: one row per child run read back from its experience database, the
+rollout-budget check, and the table (Markdown, CSV, JSON) and plots (PNG) written from the rows.
+
+Everything here reads stored metrics (`step_metrics`, `eval_results`), never the flow's in-memory
+stats, so a resumed or re-read comparison gives the same table.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+from exgrpo_core import metrics as M
+from exgrpo_core.store import ExperienceStore
+
+CURVE_KEYS = (M.REWARD_MEAN, M.FRESH_PASS1, M.RESPONSES, M.REPLAYED_SAMPLES, M.BUFFER_QUESTIONS,
+              M.BUFFER_TRAJECTORIES, M.RETIRED_QUESTIONS)
+
+
+class BudgetError(RuntimeError):
+    """A child run did not fill the comparison's B*K rollout slots at some step."""
+
+
+def arm_result(store: ExperienceStore, run_id: str, arm: str, seed: int, slots: int,
+               paper_id_avg: float | None) -> dict:
+    """The table row and per-step curves of one child run, from its stored metrics and evaluations."""
+    m = store.get_metrics(run_id, list(CURVE_KEYS))
+    steps = [s for s, _ in m.get(M.REWARD_MEAN, [])]
+    curve = {k: [v for _, v in m.get(k, [])] for k in CURVE_KEYS}
+    generated = curve[M.RESPONSES]
+    replayed = curve[M.REPLAYED_SAMPLES] or [0.0] * len(generated)
+    used = [g + r for g, r in zip(generated, replayed)]
+    last = {k: (v[-1] if v else math.nan) for k, v in curve.items()}
+    row = {"arm": arm, "seed": seed, "run_id": run_id, "steps": len(steps),
+           "final_reward": last[M.REWARD_MEAN], "mean_reward": _mean(curve[M.REWARD_MEAN]),
+           "final_fresh_pass1": last[M.FRESH_PASS1],
+           "responses_generated": sum(generated), "responses_per_step_min": min(generated, default=math.nan),
+           "responses_per_step_max": max(generated, default=math.nan), "replayed": sum(replayed),
+           "slots_per_step": slots, "slots_ok": all(u == slots for u in used),
+           "buffer_questions": last[M.BUFFER_QUESTIONS], "buffer_trajectories": last[M.BUFFER_TRAJECTORIES],
+           "retired": last[M.RETIRED_QUESTIONS], "heldout": heldout(store, run_id), "paper_id_avg": paper_id_avg}
+    row["heldout_avg"] = row["heldout"].pop("average", math.nan)
+    curves = {"step": steps, **{k: curve[k] for k in CURVE_KEYS},
+              "responses_cumulative": _cumsum(generated)}
+    return {"row": row, "curves": curves, "slot_trace": used}
+
+
+def heldout(store: ExperienceStore, run_id: str) -> dict[str, float]:
+    """pass@1 per benchmark (and `average`) of the run's latest evaluation; {} when never evaluated."""
+    if not hasattr(store, "get_evals"):
+        return {}
+    evals = store.get_evals(run_id)
+    if not evals:
+        return {}
+    last = max(e["step"] for e in evals)
+    out = {e["benchmark"]: e["metrics"].get("pass@1", math.nan) for e in evals if e["step"] == last}
+    if "average" not in out:
+        out["average"] = _mean(list(out.values()))
+    return out
+
+
+def check_budget(results: list[dict]) -> None:
+    """Raise BudgetError naming every (arm, seed, step) whose generated + replayed != B*K."""
+    bad = [(r["row"]["arm"], r["row"]["seed"], step, used)
+           for r in results for step, used in zip(r["curves"]["step"], r["slot_trace"])
+           if used != r["row"]["slots_per_step"]]
+    if bad:
+        raise BudgetError(f"unequal rollout budget: expected {results[0]['row']['slots_per_step']} slots "
+                          f"(generated + replayed) per step, got (arm, seed, step, slots) {bad[:10]}")
+
+
+def mean_rows(rows: list[dict]) -> list[dict]:
+    """One `mean` row per arm over its seeds (numbers averaged, held-out per benchmark too)."""
+    out = []
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        group = [r for r in rows if r["arm"] == arm]
+        mean = {"arm": arm, "seed": "mean", "run_id": "", "paper_id_avg": group[0]["paper_id_avg"],
+                "slots_ok": all(r["slots_ok"] for r in group)}
+        for k, v in group[0].items():
+            if k not in mean and isinstance(v, (int, float)) and not isinstance(v, bool):
+                mean[k] = _mean([r[k] for r in group])
+        mean["heldout"] = {b: _mean([r["heldout"].get(b, math.nan) for r in group]) for b in group[0]["heldout"]}
+        out.append(mean)
+    return out
+
+
+COLUMNS = [("arm", "arm"), ("seed", "seed"), ("final_reward", "final reward"), ("mean_reward", "mean reward"),
+           ("final_fresh_pass1", "fresh pass@1"), ("heldout_avg", "held-out pass@1 avg"),
+           ("responses_generated", "responses generated"), ("responses_per_step_min", "responses/step min"),
+           ("responses_per_step_max", "responses/step max"), ("replayed", "replayed"),
+           ("slots_per_step", "slots/step (B*K)"), ("slots_ok", "budget ok"), ("buffer_questions", "buffer q"),
+           ("buffer_trajectories", "buffer traj"), ("retired", "retired"), ("paper_id_avg", "paper ID avg (ref)")]
+
+
+def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """Header and formatted cells: COLUMNS with one held-out column per benchmark before the average."""
+    benches = sorted({b for r in rows for b in r["heldout"]})
+    cols = COLUMNS[:5] + [(f"heldout:{b}", f"{b} pass@1") for b in benches] + COLUMNS[5:]
+    cells = [[_fmt(r["heldout"].get(k[8:], math.nan) if k.startswith("heldout:") else r.get(k), k) for k, _ in cols]
+             for r in rows]
+    return [h for _, h in cols], cells
+
+
+def write_report(results: list[dict], out_dir: Path, name: str, meta: dict) -> dict[str, str]:
+    """compare_<name>.md/.csv/.json and three PNG plots in out_dir; returns {kind: path}."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = [r["row"] for r in results]
+    all_rows = rows + (mean_rows(rows) if len({r["seed"] for r in rows}) > 1 else [])
+    header, cells = table_rows(all_rows)
+    stem = out_dir / f"compare_{name}"
+    md = [f"# Comparison `{name}`", "", *meta.get("notes", []), "",
+          "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md += ["| " + " | ".join(c) + " |" for c in cells]
+    paths = {"md": f"{stem}.md", "csv": f"{stem}.csv", "json": f"{stem}.json"}
+    Path(paths["md"]).write_text("\n".join(md) + "\n")
+    with open(paths["csv"], "w", newline="") as f:
+        csv.writer(f).writerows([header, *cells])
+    paths.update(plot(results, out_dir, name))
+    doc = {"name": name, **{k: v for k, v in meta.items() if k != "notes"}, "rows": all_rows,
+           "curves": {f"{r['row']['arm']}/s{r['row']['seed']}": r["curves"] for r in results}, "files": paths}
+    Path(paths["json"]).write_text(json.dumps(_finite(doc), indent=1))
+    return paths
+
+
+def plot(results: list[dict], out_dir: Path, name: str) -> dict[str, str]:
+    """Reward vs responses generated, buffer growth and retired growth vs step, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    specs = {"reward": ("responses_cumulative", M.REWARD_MEAN, "responses generated", "training reward"),
+             "buffer": ("step", M.BUFFER_QUESTIONS, "step", "buffer questions"),
+             "retired": ("step", M.RETIRED_QUESTIONS, "step", "retired questions")}
+    paths = {}
+    for kind, (x, y, xlabel, ylabel) in specs.items():
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in results:
+            c = r["curves"]
+            ax.plot(c[x], c[y], label=f"{r['row']['arm']} s{r['row']['seed']}", linewidth=1.2)
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{name}: {ylabel}")
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(alpha=0.3)
+        paths[f"png_{kind}"] = str(out_dir / f"compare_{name}_{kind}.png")
+        fig.tight_layout()
+        fig.savefig(paths[f"png_{kind}"], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+_COUNTS = {"responses_generated", "responses_per_step_min", "responses_per_step_max", "replayed",
+           "slots_per_step", "buffer_questions", "buffer_trajectories", "retired"}
+
+
+def _fmt(v, key: str = "") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return f"{v:.1f}" if key == "paper_id_avg" or (key in _COUNTS and not v.is_integer()) else \
+            f"{v:.0f}" if key in _COUNTS else f"{v:.3f}"
+    return str(v)
+
+
+def _mean(xs) -> float:
+    xs = [x for x in xs if isinstance(x, (int, float)) and not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def _cumsum(xs: list[float]) -> list[float]:
+    out, total = [], 0.0
+    for x in xs:
+        total += x
+        out.append(total)
+    return out
+
+
+def _finite(obj):
+    """NaN -> None so the JSON is standard."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
