@@ -3,6 +3,7 @@
     exgrpo train --config configs/tiny.yaml --set run.steps=5
     exgrpo config --config cpu-demo --set rollout.group_size=4     # print the resolved config
     exgrpo db upgrade [--url URL]
+    exgrpo compare --config tiny --arms on_policy,exgrpo --seeds 0,1   # child runs + comparison table
 """
 
 from __future__ import annotations
@@ -64,6 +65,21 @@ def cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from flows.compare_arms import build_arm_runs, parse_arms, parse_seeds
+
+    arms, seeds = parse_arms(args.arms), parse_seeds(args.seeds)
+    runs = build_arm_runs(args.config, args.set, arms, seeds, args.name or f"compare-{args.config}",
+                          not args.no_eval)  # unknown arm or bad override: exit 2 before Prefect starts
+    console.print(f"[bold]ExGRPO comparison[/bold]: {len(runs)} runs, arms {','.join(arms)}, seeds {seeds}")
+    from flows.compare import compare
+
+    out = compare(preset=args.config, overrides=args.set, arms=arms, seeds=seeds, evaluate=not args.no_eval,
+                  name=args.name)
+    console.print(f"[green]done[/green]: table {out['files']['md']}, MLflow parent run {out['parent_mlflow_run_id']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="exgrpo", description="ExGRPO training platform")
     sub = p.add_subparsers(dest="command", required=True)
@@ -79,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--url", default=None, help="SQLAlchemy URL (default: EXGRPO_DB_URL, else SQLite in --run-dir)")
     db.add_argument("--run-dir", default="runs/exgrpo", help="where the default SQLite file lives")
     db.set_defaults(fn=cmd_db)
+    cp = sub.add_parser("compare", help="on-policy GRPO vs ExGRPO and ablations as child runs (Prefect flow)")
+    cp.add_argument("--config", required=True, help="preset name (tiny, cpu-demo, paper) or YAML path")
+    cp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every arm")
+    cp.add_argument("--arms", default=None, help="comma-separated arms (default: all; see docs/comparison.md)")
+    cp.add_argument("--seeds", default="0", help="comma-separated seeds, one child run per arm and seed")
+    cp.add_argument("--name", default=None, help="comparison name (default compare-<config>); rerun to resume")
+    cp.add_argument("--no-eval", action="store_true", help="skip the final held-out evaluation of each arm")
+    cp.set_defaults(fn=cmd_compare)
     return p
 
 
@@ -98,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _USER_ERRORS = {"ConfigError", "DataError", "StoreError", "TrackingError", "ModelLoadError", "ResumeError",
-                "VLLMUnavailable"}
+                "VLLMUnavailable", "BudgetError"}
 
 if __name__ == "__main__":
     sys.exit(main())
