@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The ExGRPO services on this machine: PostgreSQL databases and roles, an MLflow tracking server
+# (PostgreSQL backend, local artifact root), a Prefect server (its own PostgreSQL database), the
+# process work pool and a worker.
+#
+#   infra/services.sh up        start everything that is not running (idempotent)
+#   infra/services.sh down      stop worker, Prefect and MLflow (PostgreSQL stays up)
+#   infra/services.sh status    one line per service; exit 1 if any is not running
+#   infra/services.sh env       the exports a user sources: eval "$(infra/services.sh env)"
+#   infra/services.sh drop --yes   drop this prefix's three databases (after `down`)
+#
+# Settings (ports, paths, names, optional passwords): infra/config.sh, all from env vars.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$HERE/config.sh"
+source "$HERE/postgres.sh"
+source "$HERE/procs.sh"
+
+check_settings() {
+  local v
+  [[ "$EXGRPO_DB_PREFIX" =~ ^[a-z_][a-z0-9_]{0,40}$ ]] \
+    || { echo "EXGRPO_DB_PREFIX must be lower-case letters, digits, _ (got '$EXGRPO_DB_PREFIX')" >&2; exit 2; }
+  for v in EXGRPO_PG_PORT EXGRPO_MLFLOW_PORT EXGRPO_PREFECT_PORT; do
+    [[ "${!v}" =~ ^[0-9]+$ ]] || { echo "$v must be a port number (got '${!v}')" >&2; exit 2; }
+  done
+  [[ -x "$EXGRPO_PYTHON" ]] \
+    || { echo "EXGRPO_PYTHON=$EXGRPO_PYTHON is not executable (run scripts/setup.sh first)" >&2; exit 2; }
+}
+
+service_env() {  # `env` arguments of every service process and Prefect CLI call
+  ENV=(env -u PREFECT_PROFILE PREFECT_HOME="$EXGRPO_STATE_DIR/prefect-home"
+       PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_API_URL="$EXGRPO_PREFECT_API_URL")
+  [[ -f "$EXGRPO_PGPASSFILE" ]] && ENV+=(PGPASSFILE="$EXGRPO_PGPASSFILE")
+  return 0
+}
+
+launch_mlflow() {
+  mkdir -p "$EXGRPO_MLFLOW_ARTIFACTS"
+  service_env
+  proc_launch mlflow "$EXGRPO_MLFLOW_URL/health" "${ENV[@]}" "$EXGRPO_PYTHON" -m mlflow server \
+    --backend-store-uri "$EXGRPO_MLFLOW_DB_URL" --artifacts-destination "$EXGRPO_MLFLOW_ARTIFACTS" \
+    --serve-artifacts --host "$EXGRPO_MLFLOW_HOST" --port "$EXGRPO_MLFLOW_PORT" --workers 1
+}
+
+launch_prefect() {
+  mkdir -p "$EXGRPO_STATE_DIR/prefect-home"
+  service_env
+  proc_launch prefect "$EXGRPO_PREFECT_API_URL/health" "${ENV[@]}" \
+    PREFECT_API_DATABASE_CONNECTION_URL="$EXGRPO_PREFECT_DB_URL" \
+    "$EXGRPO_PYTHON" -m prefect server start --host "$EXGRPO_PREFECT_HOST" --port "$EXGRPO_PREFECT_PORT"
+}
+
+launch_worker() {  # the worker creates the process pool when it does not exist yet
+  # Flow runs are children of the worker and inherit these: where the code, the experience DB
+  # (training role) and MLflow are.
+  service_env
+  proc_launch worker - "${ENV[@]}" EXGRPO_REPO_DIR="$EXGRPO_REPO_DIR" \
+    EXGRPO_DB_URL="$EXGRPO_EXPERIENCE_URL" MLFLOW_TRACKING_URI="$EXGRPO_MLFLOW_URL" \
+    "$EXGRPO_PYTHON" -m prefect worker start --pool "$EXGRPO_WORK_POOL" --type process \
+    --name "$WORKER_NAME"
+}
+
+worker_online() {  # worker_online [SINCE_EPOCH]: the pool lists our worker ONLINE, heartbeat after SINCE
+  "$EXGRPO_PYTHON" - "$EXGRPO_PREFECT_API_URL/work_pools/$EXGRPO_WORK_POOL/workers/filter" \
+    "$WORKER_NAME" "${1:-0}" <<'PY' 2>/dev/null
+import json, sys, urllib.request
+from datetime import datetime
+req = urllib.request.Request(sys.argv[1], data=b"{}", headers={"Content-Type": "application/json"})
+with urllib.request.urlopen(req, timeout=5) as r:
+    workers = [w for w in json.load(r) if w["name"] == sys.argv[2] and w["status"] == "ONLINE"]
+beats = [datetime.fromisoformat(w["last_heartbeat_time"]).timestamp() for w in workers]
+sys.exit(0 if any(t >= float(sys.argv[3]) for t in beats) else 1)
+PY
+}
+
+wait_worker() {
+  local deadline=$((SECONDS + 90)) log since; log="$(_logfile worker)"
+  since="$(stat -c %Y "$(_pidfile worker)")"  # a heartbeat from this worker process, not an old one
+  while (( SECONDS < deadline )); do
+    proc_alive worker || { echo "worker: exited; last lines of $log:" >&2; tail -n 25 "$log" >&2; return 1; }
+    worker_online "$since" && { echo "worker: online in pool $EXGRPO_WORK_POOL (log $log)"; return 0; }
+    sleep 1
+  done
+  echo "worker: no heartbeat in pool $EXGRPO_WORK_POOL after 90 s; see $log" >&2
+  return 1
+}
+
+print_env() {
+  echo "export EXGRPO_DB_URL='$EXGRPO_EXPERIENCE_URL'"
+  echo "export EXGRPO_DASHBOARD_DB_URL='$EXGRPO_DASHBOARD_URL'"
+  echo "export MLFLOW_TRACKING_URI='$EXGRPO_MLFLOW_URL'"
+  echo "export PREFECT_API_URL='$EXGRPO_PREFECT_API_URL'"
+  echo "export EXGRPO_REPO_DIR='$EXGRPO_REPO_DIR'"
+  [[ -f "$EXGRPO_PGPASSFILE" ]] && echo "export PGPASSFILE='$EXGRPO_PGPASSFILE'"
+  return 0
+}
+
+WORKER_NAME="exgrpo-worker-$EXGRPO_DB_PREFIX"
+cmd="${1:-}"
+check_settings
+case "$cmd" in
+  up)
+    mkdir -p "$EXGRPO_STATE_DIR"
+    pg_ensure_running
+    pg_setup
+    pg_migrate
+    launch_mlflow; launch_prefect       # both start in parallel (each takes 20-60 s here)
+    proc_wait mlflow "$EXGRPO_MLFLOW_URL/health"
+    proc_wait prefect "$EXGRPO_PREFECT_API_URL/health"
+    launch_worker
+    wait_worker
+    echo "all services up; use them with: eval \"\$($0 env)\""
+    ;;
+  down)
+    proc_stop worker; proc_stop prefect; proc_stop mlflow
+    echo "PostgreSQL stays up (shared cluster); '$0 drop --yes' removes this prefix's databases"
+    ;;
+  status)
+    rc=0
+    pg_status || rc=1
+    proc_status mlflow "$EXGRPO_MLFLOW_URL" "$EXGRPO_MLFLOW_URL/health" || rc=1
+    proc_status prefect "$EXGRPO_PREFECT_API_URL" "$EXGRPO_PREFECT_API_URL/health" || rc=1
+    proc_status worker "pool $EXGRPO_WORK_POOL" - && worker_online || rc=1
+    exit $rc
+    ;;
+  env) print_env ;;
+  drop)
+    [[ "${2:-}" == --yes ]] || { echo "drop deletes $EXGRPO_DB_PREFIX's databases; run: $0 drop --yes" >&2; exit 2; }
+    if proc_alive mlflow || proc_alive prefect || proc_alive worker; then
+      echo "services are still running; run '$0 down' first" >&2; exit 1
+    fi
+    pg_ensure_running
+    pg_drop
+    ;;
+  *)
+    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac
