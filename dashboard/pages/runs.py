@@ -1,0 +1,51 @@
+"""Runs: every run in the experience database with its status, progress, preset and key metrics."""
+
+import streamlit as st
+
+from dashboard import charts, db, ui
+from exgrpo_core import metrics as M
+
+COLUMNS = {"name": "run", "status": "status", "step": "steps", "preset": "preset", "replay_active": "replay",
+           "replay_started_step": "replay since step", M.REWARD_MEAN: "reward", M.FRESH_PASS1: "fresh pass@1",
+           M.BUFFER_QUESTIONS: "buffer questions", M.BUFFER_TRAJECTORIES: "buffer trajectories",
+           M.RETIRED_QUESTIONS: "retired", "updated_at": "updated", "id": "run id"}
+
+
+def render() -> None:
+    st.title("Runs")
+    url = db.database_url()
+    ui.sidebar(url)
+    runs = ui.runs_or_stop(url)
+    counts = runs["status"].value_counts()
+    cols = st.columns(4)
+    cols[0].metric("runs", len(runs))
+    for col, status in zip(cols[1:], ("running", "finished", "failed")):
+        col.metric(status, int(counts.get(status, 0)))
+    st.caption("Key metrics are those of each run's last completed step; `replay` says whether experience "
+               "replay is on (it starts once a step's fraction of correct rollouts passes the threshold).")
+    st.dataframe(runs[list(COLUMNS)].rename(columns=COLUMNS), hide_index=True, width="stretch",
+                 column_config={"reward": st.column_config.NumberColumn(format="%.3f"),
+                                "fresh pass@1": st.column_config.NumberColumn(format="%.3f")})
+
+    st.subheader("Select runs")
+    chosen = ui.pick_runs(runs, where=st)
+    if not chosen:
+        st.info("Select one or more runs to see their curves here and compare them on the Results page.")
+        return
+    st.session_state["run_id"] = chosen[0]
+    series = ui.metric_series(url, tuple(chosen), (M.REWARD_MEAN, M.FRESH_PASS1))
+    if series.empty:
+        st.info("The selected runs have not completed a step yet.")
+        return
+    series["run"] = series["run_id"].map(ui.names(runs))
+    left, right = st.columns(2)
+    left.altair_chart(charts.lines(series[series.key == M.REWARD_MEAN], "value", "run", "reward mean",
+                                   "reward"), width="stretch")
+    right.altair_chart(charts.lines(series[series.key == M.FRESH_PASS1], "value", "run", "fresh pass@1",
+                                    "pass@1"), width="stretch")
+    st.page_link("pages/buffer.py", label="Buffer of the first selected run", icon=":material/inventory_2:")
+    st.page_link("pages/results.py", label="Compare the selected runs", icon=":material/leaderboard:")
+
+
+with ui.explained():
+    render()

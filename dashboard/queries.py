@@ -1,0 +1,207 @@
+"""Every query the dashboard runs, in SQLAlchemy Core over `exgrpo_core.store_models` tables.
+
+Plain functions of a database URL returning pandas frames, so pages can cache them
+(`st.cache_data`) and the benchmark can time them. Rules that keep pages fast on a database with
+millions of trajectories: aggregate in SQL (GROUP BY, COUNT, fixed-width histogram bins), filter on
+the indexed (run_id, step) / (run_id, question_id) prefixes, and page through rows (LIMIT/OFFSET);
+no query returns all of a run's trajectories. All reads go through `dashboard.db.readonly_engine`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pandas as pd
+from sqlalchemy import Connection, Integer, and_, case, cast, func, literal, or_, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from exgrpo_core import metrics as M
+from exgrpo_core.store_engine import mask_url
+from exgrpo_core.store_models import (EvalResult, GroupResultRow, QuestionRow, QuestionState, Replay, Run,
+                                      StepMetric, Trajectory)
+from dashboard.db import DashboardError, has_schema, readonly_engine, reason
+
+RUN_KEYS = (M.REWARD_MEAN, M.FRESH_PASS1, M.BUFFER_QUESTIONS, M.BUFFER_TRAJECTORIES, M.RETIRED_QUESTIONS)
+BIN_WIDTH = 0.02  # nats: fine SQL bins, merged into display bins by the page
+PAGE_SIZE = 50
+
+
+@contextmanager
+def reading(url: str, what: str) -> Iterator[Connection | None]:
+    """One short read transaction (None when training has not created the tables yet)."""
+    engine = readonly_engine(url)
+    try:
+        if not has_schema(engine):
+            yield None
+            return
+        with engine.connect() as conn, conn.begin():
+            yield conn
+    except SQLAlchemyError as e:
+        raise DashboardError(f"reading {what} from {mask_url(engine.url)} failed: {reason(e)}") from None
+
+
+def _frame(conn: Connection | None, stmt, columns: list[str]) -> pd.DataFrame:
+    if conn is None:
+        return pd.DataFrame(columns=columns)
+    return pd.DataFrame(conn.execute(stmt).all(), columns=columns)
+
+
+# ---- runs -------------------------------------------------------------------------------------------
+def list_runs(url: str) -> pd.DataFrame:
+    """Every run, newest first, with the key metrics of its last completed step as columns."""
+    cols = ["id", "name", "preset", "status", "step", "group_size", "replay_active", "replay_started_step",
+            "created_at", "updated_at", "mlflow_run_id"]
+    with reading(url, "runs") as conn:
+        runs = _frame(conn, select(*(getattr(Run, c) for c in cols)).order_by(Run.created_at.desc(), Run.id), cols)
+        last = _frame(conn, select(StepMetric.run_id, StepMetric.key, StepMetric.value)
+                      .join(Run, and_(Run.id == StepMetric.run_id, Run.step == StepMetric.step))
+                      .where(StepMetric.key.in_(RUN_KEYS)), ["id", "key", "value"])
+    runs["step"] = runs["step"] + 1  # stored: last completed step index; shown: steps done
+    runs["replay_active"] = runs["replay_active"].astype(bool)
+    wide = last.pivot(index="id", columns="key", values="value") if len(last) else pd.DataFrame(index=runs["id"])
+    for key in RUN_KEYS:
+        runs[key] = runs["id"].map(wide[key]) if key in wide else float("nan")
+    return runs
+
+
+def metric_series(url: str, run_ids: tuple[str, ...], keys: tuple[str, ...]) -> pd.DataFrame:
+    """Per-step metrics [run_id, step, key, value] of the runs, for the given keys."""
+    stmt = (select(StepMetric.run_id, StepMetric.step, StepMetric.key, StepMetric.value)
+            .where(StepMetric.run_id.in_(run_ids), StepMetric.key.in_(keys))
+            .order_by(StepMetric.run_id, StepMetric.key, StepMetric.step))
+    with reading(url, "step metrics") as conn:
+        return _frame(conn, stmt, ["run_id", "step", "key", "value"])
+
+
+def buffer_now(url: str, run_id: str) -> pd.DataFrame:
+    """Question states by latest k right now: [k, questions, retired, pooled, trajectories]; k NaN = unseen."""
+    qs = QuestionState
+    stmt = (select(qs.latest_k, func.count(), func.sum(case((qs.retired.is_(True), 1), else_=0)),
+                   func.sum(case((and_(qs.retired.is_(False), qs.pool_size > 0), 1), else_=0)), func.sum(qs.pool_size))
+            .where(qs.run_id == run_id).group_by(qs.latest_k).order_by(qs.latest_k))
+    with reading(url, "the buffer") as conn:
+        return _frame(conn, stmt, ["k", "questions", "retired", "pooled", "trajectories"])
+
+
+# ---- entropy ----------------------------------------------------------------------------------------
+def step_bounds(url: str, run_id: str) -> tuple[int, int] | None:
+    """(first, last) policy step of the run's stored trajectories, or None when it has none."""
+    stmt = select(func.min(Trajectory.step), func.max(Trajectory.step)).where(Trajectory.run_id == run_id)
+    with reading(url, "trajectory steps") as conn:
+        row = conn.execute(stmt).one() if conn is not None else (None, None)
+    return None if row[0] is None else (int(row[0]), int(row[1]))
+
+
+def _bin(col):
+    return cast(col / BIN_WIDTH, Integer)  # entropy >= 0, so truncation is floor
+
+
+def entropy_histogram(url: str, run_id: str, lo: int, hi: int, by: str) -> pd.DataFrame:
+    """Fixed-width (BIN_WIDTH) entropy histogram of trajectories generated at steps lo..hi.
+
+    `by`: "correct" (reward > 0 vs not), "bucket" (k of the group the trajectory was verified in),
+    "source" (fresh rollouts vs replays, the latter with entropy under the policy at replay time).
+    Returns [group, bin, n, sum, sumsq]: the page merges bins and derives means and spreads.
+    """
+    T, G, R = Trajectory, GroupResultRow, Replay
+    in_range = and_(T.run_id == run_id, T.step >= lo, T.step <= hi, T.entropy.is_not(None))
+    if by == "correct":
+        group = case((T.reward > 0, "correct"), else_="incorrect")
+        stmts = [select(group, _bin(T.entropy), func.count(), func.sum(T.entropy), func.sum(T.entropy * T.entropy))
+                 .where(in_range).group_by(group, _bin(T.entropy))]
+    elif by == "bucket":
+        stmts = [select(G.k, _bin(T.entropy), func.count(), func.sum(T.entropy), func.sum(T.entropy * T.entropy))
+                 .join(G, and_(G.run_id == T.run_id, G.question_id == T.question_id, G.step == T.collected_step))
+                 .where(in_range).group_by(G.k, _bin(T.entropy))]
+    elif by == "source":
+        fresh = case((T.reward > 0, "fresh correct"), else_="fresh incorrect")
+        stmts = [select(fresh, _bin(T.entropy), func.count(), func.sum(T.entropy), func.sum(T.entropy * T.entropy))
+                 .where(in_range).group_by(fresh, _bin(T.entropy)),
+                 select(literal("replayed"), _bin(R.entropy), func.count(), func.sum(R.entropy),
+                        func.sum(R.entropy * R.entropy))
+                 .where(R.run_id == run_id, R.step >= lo, R.step <= hi, R.entropy.is_not(None))
+                 .group_by(_bin(R.entropy))]
+    else:
+        raise DashboardError(f"unknown entropy grouping {by!r}: use correct, bucket or source")
+    cols = ["group", "bin", "n", "sum", "sumsq"]
+    with reading(url, "entropy histograms") as conn:
+        out = pd.concat([_frame(conn, s, cols) for s in stmts], ignore_index=True)
+    return out.astype({"group": str, "bin": int, "n": int, "sum": float, "sumsq": float})
+
+
+def replay_entropy_by_step(url: str, run_id: str) -> pd.DataFrame:
+    """Mean entropy (under the policy at replay time) and count of replayed trajectories per step."""
+    R = Replay
+    stmt = (select(R.step, func.avg(R.entropy), func.count()).where(R.run_id == run_id)
+            .group_by(R.step).order_by(R.step))
+    with reading(url, "replays") as conn:
+        return _frame(conn, stmt, ["step", "mean_entropy", "replayed"])
+
+
+# ---- experience browser -----------------------------------------------------------------------------
+def search_questions(url: str, run_id: str, *, bucket: int | None = None, retired: bool | None = None,
+                     min_replayed: int = 0, text: str = "", order: str = "replayed",
+                     offset: int = 0, limit: int = PAGE_SIZE) -> tuple[pd.DataFrame, int]:
+    """One page of the run's questions matching the filters, and how many match in total."""
+    qs, q = QuestionState, QuestionRow
+    where = [qs.run_id == run_id, qs.times_replayed >= min_replayed]
+    if bucket is not None:
+        where.append(qs.latest_k == bucket)
+    if retired is not None:
+        where.append(qs.retired.is_(retired))
+    if text.strip():
+        pattern = f"%{text.strip()}%"
+        where.append(or_(q.text.ilike(pattern), qs.uid.ilike(pattern)))
+    orders = {"replayed": [qs.times_replayed.desc(), qs.uid], "uid": [qs.uid],
+              "latest step": [qs.last_step.desc(), qs.uid], "bucket": [qs.latest_k, qs.uid]}
+    if order not in orders:
+        raise DashboardError(f"unknown order {order!r}: use one of {sorted(orders)}")
+    cols = ["question_id", "uid", "latest_k", "n_groups", "last_step", "retired", "times_replayed", "pool_size",
+            "text", "answer"]
+    page = (select(qs.question_id, qs.uid, qs.latest_k, qs.n_groups, qs.last_step, qs.retired, qs.times_replayed,
+                   qs.pool_size, q.text, q.answer)
+            .join(q, q.id == qs.question_id).where(*where).order_by(*orders[order]).limit(limit).offset(offset))
+    total = select(func.count()).select_from(qs).join(q, q.id == qs.question_id).where(*where)
+    with reading(url, "questions") as conn:
+        rows = _frame(conn, page, cols)
+        n = int(conn.execute(total).scalar_one()) if conn is not None else 0
+    rows["retired"] = rows["retired"].astype(bool)
+    return rows, n
+
+
+def question_groups(url: str, run_id: str, question_id: int) -> pd.DataFrame:
+    """The question's group history: [step, k, n, is_replay] in step order."""
+    G = GroupResultRow
+    stmt = (select(G.step, G.k, G.n, G.is_replay).where(G.run_id == run_id, G.question_id == question_id)
+            .order_by(G.step, G.id))
+    with reading(url, "group history") as conn:
+        out = _frame(conn, stmt, ["step", "k", "n", "is_replay"])
+    out["is_replay"] = out["is_replay"].astype(bool)
+    return out
+
+
+def question_trajectories(url: str, run_id: str, question_id: int, *, offset: int = 0,
+                          limit: int = PAGE_SIZE) -> tuple[pd.DataFrame, int]:
+    """One page of the question's stored trajectories (newest first) and their total count."""
+    T = Trajectory
+    cols = ["id", "step", "collected_step", "reward", "entropy", "length", "truncated", "in_pool", "retired",
+            "times_replayed", "last_replayed_step", "text"]
+    where = (T.run_id == run_id, T.question_id == question_id)
+    page = select(*(getattr(T, c) for c in cols)).where(*where).order_by(T.id.desc()).limit(limit).offset(offset)
+    with reading(url, "trajectories") as conn:
+        rows = _frame(conn, page, cols)
+        n = int(conn.execute(select(func.count()).select_from(T).where(*where)).scalar_one()) if conn is not None else 0
+    for c in ("truncated", "in_pool", "retired"):
+        rows[c] = rows[c].astype(bool)
+    return rows, n
+
+
+# ---- results ----------------------------------------------------------------------------------------
+def eval_results(url: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
+    """Evaluation rows [run_id, step, benchmark, metric, value, n] of the runs."""
+    E = EvalResult
+    stmt = (select(E.run_id, E.step, E.benchmark, E.metric, E.value, E.n).where(E.run_id.in_(run_ids))
+            .order_by(E.run_id, E.benchmark, E.metric, E.step, E.id))
+    with reading(url, "evaluation results") as conn:
+        return _frame(conn, stmt, ["run_id", "step", "benchmark", "metric", "value", "n"])
