@@ -8,6 +8,8 @@
 #   infra/services.sh status    one line per service; exit 1 if any is not running
 #   infra/services.sh env       the exports a user sources: eval "$(infra/services.sh env)"
 #   infra/services.sh drop --yes   drop this prefix's three databases (after `down`)
+#   infra/services.sh db        only the PostgreSQL part of `up` (databases, roles, migrations)
+#   infra/services.sh serve mlflow|prefect|worker   one service in the foreground (containers)
 #
 # Settings (ports, paths, names, optional passwords): infra/config.sh, all from env vars.
 set -euo pipefail
@@ -34,30 +36,32 @@ service_env() {  # `env` arguments of every service process and Prefect CLI call
   return 0
 }
 
-launch_mlflow() {
+# One command line per service, used both by `up` (background, pid file) and by `serve NAME`
+# (foreground: docker-compose runs exactly these).
+mlflow_cmd() {
   mkdir -p "$EXGRPO_MLFLOW_ARTIFACTS"
   service_env
-  proc_launch mlflow "$EXGRPO_MLFLOW_URL/health" "${ENV[@]}" "$EXGRPO_PYTHON" -m mlflow server \
-    --backend-store-uri "$EXGRPO_MLFLOW_DB_URL" --artifacts-destination "$EXGRPO_MLFLOW_ARTIFACTS" \
-    --serve-artifacts --host "$EXGRPO_MLFLOW_HOST" --port "$EXGRPO_MLFLOW_PORT" --workers 1
+  CMD=("${ENV[@]}" "$EXGRPO_PYTHON" -m mlflow server --backend-store-uri "$EXGRPO_MLFLOW_DB_URL"
+       --artifacts-destination "$EXGRPO_MLFLOW_ARTIFACTS" --serve-artifacts
+       --host "$EXGRPO_MLFLOW_HOST" --port "$EXGRPO_MLFLOW_PORT" --workers 1)
+  [[ -n "${EXGRPO_MLFLOW_ALLOWED_HOSTS:-}" ]] && CMD+=(--allowed-hosts "$EXGRPO_MLFLOW_ALLOWED_HOSTS")
+  return 0
 }
 
-launch_prefect() {
+prefect_cmd() {
   mkdir -p "$EXGRPO_STATE_DIR/prefect-home"
   service_env
-  proc_launch prefect "$EXGRPO_PREFECT_API_URL/health" "${ENV[@]}" \
-    PREFECT_API_DATABASE_CONNECTION_URL="$EXGRPO_PREFECT_DB_URL" \
-    "$EXGRPO_PYTHON" -m prefect server start --host "$EXGRPO_PREFECT_HOST" --port "$EXGRPO_PREFECT_PORT"
+  CMD=("${ENV[@]}" PREFECT_API_DATABASE_CONNECTION_URL="$EXGRPO_PREFECT_DB_URL"
+       "$EXGRPO_PYTHON" -m prefect server start --host "$EXGRPO_PREFECT_HOST" --port "$EXGRPO_PREFECT_PORT")
 }
 
-launch_worker() {  # the worker creates the process pool when it does not exist yet
+worker_cmd() {  # the worker creates the process pool when it does not exist yet
   # Flow runs are children of the worker and inherit these: where the code, the experience DB
   # (training role) and MLflow are.
   service_env
-  proc_launch worker - "${ENV[@]}" EXGRPO_REPO_DIR="$EXGRPO_REPO_DIR" \
-    EXGRPO_DB_URL="$EXGRPO_EXPERIENCE_URL" MLFLOW_TRACKING_URI="$EXGRPO_MLFLOW_URL" \
-    "$EXGRPO_PYTHON" -m prefect worker start --pool "$EXGRPO_WORK_POOL" --type process \
-    --name "$WORKER_NAME"
+  CMD=("${ENV[@]}" EXGRPO_REPO_DIR="$EXGRPO_REPO_DIR" EXGRPO_DB_URL="$EXGRPO_EXPERIENCE_URL"
+       MLFLOW_TRACKING_URI="$EXGRPO_MLFLOW_URL"
+       "$EXGRPO_PYTHON" -m prefect worker start --pool "$EXGRPO_WORK_POOL" --type process --name "$WORKER_NAME")
 }
 
 worker_online() {  # worker_online [SINCE_EPOCH]: the pool lists our worker ONLINE, heartbeat after SINCE
@@ -104,12 +108,23 @@ case "$cmd" in
     pg_ensure_running
     pg_setup
     pg_migrate
-    launch_mlflow; launch_prefect       # both start in parallel (each takes 20-60 s here)
-    proc_wait mlflow "$EXGRPO_MLFLOW_URL/health"
+    mlflow_cmd; proc_launch mlflow "$EXGRPO_MLFLOW_URL/health" "${CMD[@]}"
+    prefect_cmd; proc_launch prefect "$EXGRPO_PREFECT_API_URL/health" "${CMD[@]}"
+    proc_wait mlflow "$EXGRPO_MLFLOW_URL/health"   # the two servers start in parallel (20-60 s each)
     proc_wait prefect "$EXGRPO_PREFECT_API_URL/health"
-    launch_worker
+    worker_cmd; proc_launch worker - "${CMD[@]}"
     wait_worker
     echo "all services up; use them with: eval \"\$($0 env)\""
+    ;;
+  db)
+    mkdir -p "$EXGRPO_STATE_DIR"
+    pg_ensure_running && pg_setup && pg_migrate
+    ;;
+  serve)
+    case "${2:-}" in
+      mlflow|prefect|worker) mkdir -p "$EXGRPO_STATE_DIR"; "${2}_cmd"; exec "${CMD[@]}" ;;
+      *) echo "usage: $0 serve mlflow|prefect|worker" >&2; exit 2 ;;
+    esac
     ;;
   down)
     proc_stop worker; proc_stop prefect; proc_stop mlflow
@@ -133,5 +148,5 @@ case "$cmd" in
     pg_drop
     ;;
   *)
-    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
