@@ -16,6 +16,7 @@ import pandas as pd
 from dashboard.queries import BIN_WIDTH
 
 HEIGHT = 260
+STEP_AXIS = alt.Axis(format="d", tickMinStep=1)
 
 
 def merge_bins(hist: pd.DataFrame, max_bins: int = 40) -> pd.DataFrame:
@@ -65,7 +66,7 @@ def lines(df: pd.DataFrame, y: str, color: str, title: str, y_title: str | None 
           marker_step: int | None = None) -> alt.LayerChart | alt.Chart:
     """Metric curves over training steps; `marker_step` draws the replay-start rule."""
     chart = alt.Chart(df, title=title).mark_line(point=len(df) < 60).encode(
-        x=alt.X("step:Q", title="step"), y=alt.Y(f"{y}:Q", title=y_title or y),
+        x=alt.X("step:Q", title="step", axis=STEP_AXIS), y=alt.Y(f"{y}:Q", title=y_title or y),
         color=alt.Color(f"{color}:N", title=None), tooltip=[f"{color}:N", "step:Q", alt.Tooltip(f"{y}:Q", format=".4g")],
     ).properties(height=HEIGHT)
     return chart + replay_rule(marker_step) if marker_step is not None else chart
@@ -83,7 +84,7 @@ def replay_rule(step: int) -> alt.LayerChart:
 def bucket_area(df: pd.DataFrame, group_size: int, marker_step: int | None) -> alt.LayerChart | alt.Chart:
     """Stacked area of questions per correctness bucket k = 0..K over steps (df: [step, k, questions])."""
     chart = alt.Chart(df, title="questions per bucket k (latest group's correct responses)").mark_area().encode(
-        x=alt.X("step:Q", title="step"), y=alt.Y("questions:Q", stack="zero", title="questions"),
+        x=alt.X("step:Q", title="step", axis=STEP_AXIS), y=alt.Y("questions:Q", stack="zero", title="questions"),
         color=alt.Color("k:O", title="k", scale=alt.Scale(scheme="viridis", domain=list(range(group_size + 1)))),
         order=alt.Order("k:O"), tooltip=["step:Q", "k:O", "questions:Q"],
     ).properties(height=HEIGHT + 40)
@@ -94,6 +95,6 @@ def group_history(df: pd.DataFrame, group_size: int) -> alt.Chart:
     """k per step of one question's groups, fresh and replayed groups marked apart."""
     d = df.assign(group=np.where(df["is_replay"], "mixed (replay)", "fresh"))
     return alt.Chart(d, title="k correct of K per group").mark_line(point=True).encode(
-        x=alt.X("step:Q"), y=alt.Y("k:Q", scale=alt.Scale(domain=[0, group_size])),
+        x=alt.X("step:Q", axis=STEP_AXIS), y=alt.Y("k:Q", scale=alt.Scale(domain=[0, group_size])),
         color=alt.Color("group:N", title=None), tooltip=["step:Q", "k:Q", "n:Q", "group:N"],
     ).properties(height=200)

@@ -43,8 +43,8 @@ def render() -> None:
                                    "reward"), width="stretch")
     right.altair_chart(charts.lines(series[series.key == M.FRESH_PASS1], "value", "run", "fresh pass@1",
                                     "pass@1"), width="stretch")
-    st.page_link("pages/buffer.py", label="Buffer of the first selected run", icon=":material/inventory_2:")
-    st.page_link("pages/results.py", label="Compare the selected runs", icon=":material/leaderboard:")
+    st.page_link("views/buffer.py", label="Buffer of the first selected run", icon=":material/inventory_2:")
+    st.page_link("views/results.py", label="Compare the selected runs", icon=":material/leaderboard:")
 
 
 with ui.explained():

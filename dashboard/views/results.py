@@ -8,7 +8,7 @@ from dashboard import charts, db, ui
 from exgrpo_core import metrics as M
 
 CURVES = {M.REWARD_MEAN: "reward mean", M.FRESH_PASS1: "fresh pass@1"}
-EVAL_AVERAGE = "eval/average/pass@1"
+EVAL_AVERAGE = M.eval_key("average", "pass@1")
 MLFLOW_FINAL = (M.REWARD_MEAN, M.FRESH_PASS1, EVAL_AVERAGE, M.BUFFER_QUESTIONS, M.RETIRED_QUESTIONS)
 
 

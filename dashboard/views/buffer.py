@@ -28,7 +28,7 @@ def render() -> None:
     cols = st.columns(4)
     for col, (key, label) in zip(cols, SIZES.items()):
         col.metric(label, f"{last.get(key, float('nan')):.0f}")
-    cols[3].metric("replay", f"on since step {start}" if start is not None else "never on")
+    cols[3].metric("replay on since step", str(start) if start is not None else "never")
     if start is None:
         st.info("Replay never became active in this run: it stays on-policy until a step's fraction of correct "
                 "rollouts passes `buffer.start_threshold` (or `buffer.replay_ratio` is 0). Buckets and retired "
@@ -57,13 +57,14 @@ def render() -> None:
                 "w = π_θ / π_behaviour to show.")
     else:
         left, right = st.columns(2)
-        small = weights[weights.key != M.IW_MAX]
-        left.altair_chart(charts.lines(small, "value", "series", "w mean, variance and shaped f(w) = w/(w+β)",
-                                       "value", start), width="stretch")
+        means = weights[weights.key.isin([M.IW_MEAN, M.SHAPED_IW_MEAN])]
+        left.altair_chart(charts.lines(means, "value", "series", "mean w and shaped f(w) = w/(w+β)", "value",
+                                       start), width="stretch")
         left.caption("f(w) mean near w/(w+β) at w≈1 (0.91 for β = 0.1) means replayed tokens stay close to "
                      "the current policy.")
-        right.altair_chart(charts.lines(weights[weights.key == M.IW_MAX], "value", "series",
-                                        "largest weight per step", "w max", start), width="stretch")
+        spread = weights[weights.key.isin([M.IW_MAX, M.IW_VAR])]
+        right.altair_chart(charts.lines(spread, "value", "series", "largest w and variance of w per step", "value",
+                                        start), width="stretch")
     replayed = m[m.key == M.REPLAYED_SAMPLES].assign(series="replayed samples")
     st.altair_chart(charts.lines(replayed, "value", "series", "replayed trajectories per step", "samples", start),
                     width="stretch")
