@@ -81,13 +81,13 @@ def _micro_loss(model, micro: TrainBatch, denom, onpolicy_term, replay_term, ent
     """Forward one micro-batch and build the mixed-policy loss (ExGRPO Eq. 4, code weighting)."""
     logp, ent = policy.token_logprobs_and_entropy(
         model, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size,
-        with_entropy=entropy_coef > 0, temperature=temperature)
+        with_entropy=entropy_coef > 0, temperature=temperature, score_mask=micro.response_mask)
     ref_logp = None
     if kl_coef > 0 and ref_model is not None:
         with torch.no_grad():
             ref_logp, _ = policy.token_logprobs_and_entropy(
                 ref_model, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size,
-                with_entropy=False, temperature=temperature)
+                with_entropy=False, temperature=temperature, score_mask=micro.response_mask)
     return losses.mixed_policy_loss(
         logp, micro.old_logprobs, micro.advantages, micro.response_mask, micro.is_replay,
         onpolicy_term=onpolicy_term, replay_term=replay_term, denominator=denom,

@@ -8,6 +8,8 @@ padding in that mean, which biases it toward short trajectories. No optimiser, n
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 
@@ -48,8 +50,13 @@ def _block_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: floa
 
 
 def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: bool, temperature: float,
-                   chunk_positions: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Score one micro-batch [n, L]; columns that are padding in every row are skipped."""
+                   chunk_positions: int, want: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Score one micro-batch [n, L]; columns that are padding in every row are skipped.
+
+    Only positions that are scored (real, not a row's first token, and in `want` when given) reach the
+    vocabulary: logits start at the first such column (`logits_to_keep`, when the model takes it) and
+    the softmax runs over those positions only, `chunk_positions` at a time across all rows.
+    """
     n, width = ids.shape
     cols = torch.nonzero(am.any(dim=0)).flatten()
     if cols.numel() < 2:  # nothing is predicted from a single column
@@ -57,35 +64,54 @@ def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: boo
         return zeros, (zeros.clone() if with_entropy else None)
     lo, hi = int(cols[0]), int(cols[-1]) + 1
     ids, am = ids[:, lo:hi], am[:, lo:hi]  # [n, l]
-    position_ids = (am.long().cumsum(-1) - 1).clamp(min=0)  # [n, l]; real tokens count from 0
-    logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids, use_cache=False).logits
-    targets = ids[:, 1:]  # [n, l-1]; logits[:, t] predicts ids[:, t+1]
-    lp_rows, h_rows = [], []
-    for i in range(n):
-        pieces = [_block_scores(logits[i, s:min(s + chunk_positions, hi - lo - 1)],
-                                targets[i, s:s + chunk_positions], temperature, with_entropy)
-                  for s in range(0, hi - lo - 1, chunk_positions)]
-        lp_rows.append(torch.cat([p[0] for p in pieces]))
-        if with_entropy:
-            h_rows.append(torch.cat([p[1] for p in pieces]))
     valid = (am[:, 1:] != 0) & (am[:, :-1] != 0)  # [n, l-1]; a row's first real token is not predicted
-    pad = (lo + 1, width - hi)
+    if want is not None:
+        valid = valid & (want[:, lo + 1:hi] != 0)
+    targets_at = torch.nonzero(valid.any(dim=0)).flatten()
+    first = int(targets_at[0]) if targets_at.numel() else hi - lo - 2  # first logit column needed
+    position_ids = (am.long().cumsum(-1) - 1).clamp(min=0)  # [n, l]; real tokens count from 0
+    kwargs = {"logits_to_keep": hi - lo - first} if _takes_logits_to_keep(model) else {}
+    logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids, use_cache=False,
+                   **kwargs).logits  # [n, l - first, V] (or [n, l, V])
+    logits = logits[:, logits.shape[1] - (hi - lo - first):]  # column j predicts ids[:, first + j + 1]
+    valid = valid[:, first:]  # [n, l-1-first]
+    rows, pos = torch.nonzero(valid, as_tuple=True)  # [M] each: the scored positions
+    targets = ids[rows, first + pos + 1]  # [M]
+    pieces = [_block_scores(logits[rows[s:s + chunk_positions], pos[s:s + chunk_positions]],
+                            targets[s:s + chunk_positions], temperature, with_entropy)
+              for s in range(0, rows.numel(), chunk_positions)]
+    pad = (lo + 1 + first, width - hi)
 
-    def place(rows: list[torch.Tensor]) -> torch.Tensor:
-        x = torch.stack(rows)  # [n, l-1]
-        return F.pad(torch.where(valid, x, torch.zeros_like(x)), pad)  # [n, L]
+    def place(values: list[torch.Tensor]) -> torch.Tensor:
+        x = torch.zeros(valid.shape, dtype=torch.float32, device=ids.device)  # [n, l-1-first]
+        if values:
+            x = x.index_put((rows, pos), torch.cat(values))
+        else:  # nothing scored: zeros that still reach the graph, so backward() works
+            x = x + logits.sum().float() * 0.0
+        return F.pad(x, pad)  # [n, L]
 
-    return place(lp_rows), (place(h_rows) if with_entropy else None)
+    return place([p[0] for p in pieces]), (place([p[1] for p in pieces]) if with_entropy else None)
+
+
+def _takes_logits_to_keep(model) -> bool:
+    """Whether the causal LM's forward accepts `logits_to_keep` (transformers models do; test fakes may not)."""
+    forward = getattr(model, "module", model).forward
+    try:
+        return "logits_to_keep" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                                micro_batch_size: int, with_entropy: bool = True, temperature: float = 1.0,
-                               chunk_positions: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+                               chunk_positions: int = 1024, score_mask: torch.Tensor | None = None,
+                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log pi(x_t | x_<t) and entropy H_t = -sum_v pi(v | x_<t) log pi(v | x_<t) (SPEC §1.1).
 
     Runs under the caller's grad mode (with grad for the loss, `torch.no_grad()` for selection).
-    Memory: one micro-batch of rows at a time; apart from the model's logits [n, l, V], float
-    temporaries are at most [chunk_positions, V] (logsumexp trick: H = log Z - sum softmax * logits).
+    Memory: one micro-batch of rows at a time; apart from the model's logits [n, l, V] (from the
+    first scored column on), float temporaries are at most [chunk_positions, V] (logsumexp trick:
+    H = log Z - sum softmax * logits).
 
     Args:
         model: causal LM returning `.logits` [n, l, V], called with input_ids, attention_mask, position_ids.
@@ -94,19 +120,24 @@ def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: t
         micro_batch_size: rows per forward pass.
         with_entropy: also return entropies (skip to save the softmax).
         temperature: logits are divided by it (behaviour log-probs use 1.0).
-        chunk_positions: positions scored per block inside a row.
+        chunk_positions: positions scored per softmax block (across the micro-batch's rows).
+        score_mask: [N, L], optional: only these positions are scored (e.g. the response mask), the
+            others are returned as 0 and their vocabulary softmax is never computed.
 
     Returns:
-        logp [N, L] float32 and entropy [N, L] float32 (or None); 0 at padding and at each row's
-        first real token.
+        logp [N, L] float32 and entropy [N, L] float32 (or None); 0 at padding, at each row's
+        first real token and outside `score_mask`.
     """
     _check_inputs(input_ids, attention_mask, micro_batch_size, temperature, chunk_positions)
+    if score_mask is not None and tuple(score_mask.shape) != tuple(input_ids.shape):
+        raise PolicyInputError(f"score_mask must be [N, L] = {tuple(input_ids.shape)}, got {tuple(score_mask.shape)}")
     device = next(model.parameters()).device
     logps, ents = [], []
     for start in range(0, input_ids.shape[0], micro_batch_size):
         rows = slice(start, start + micro_batch_size)
+        want = score_mask[rows].to(device) if score_mask is not None else None
         lp, h = _micro_forward(model, input_ids[rows].to(device), attention_mask[rows].to(device),
-                               with_entropy, temperature, chunk_positions)
+                               with_entropy, temperature, chunk_positions, want)
         logps.append(lp)
         ents.append(h)
     if not logps:

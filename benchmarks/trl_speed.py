@@ -1,0 +1,212 @@
+"""Seconds per training step: TRL's GRPOTrainer against our on-policy loop and our ExGRPO loop, side by side.
+
+    bash benchmarks/setup_trl.sh                      # once: TRL into benchmarks/.trl (not a project dependency)
+    python benchmarks/trl_speed.py --config tiny --steps 20
+    python benchmarks/trl_speed.py --config cpu-demo --steps 6
+
+One process, one `torch.set_num_threads`, three arms built from the same preset and the same initial
+weights: TRL (`GRPOTrainer`, generation with `model.generate`), ours with `buffer.replay_ratio=0`
+(plain on-policy GRPO) and ours with the preset's ExGRPO settings. The arms are interleaved step by
+step: a TRL callback runs one iteration of each of our arms after every TRL optimiser step, so load
+from other processes hits all arms alike. Matched: questions and chat template, generations per
+prompt, max new tokens, temperature / top-p / top-k, rows per micro-batch and per optimiser step
+(one optimiser step per iteration), AdamW with the same lr / weight decay / grad clip, constant lr,
+clip eps, entropy coefficient, Dr.GRPO aggregation (sum / max length), no std scaling, no KL, the
+same math-verify grader (our `MathVerifier`) as TRL's reward function, float32 on CPU.
+Ours runs the library loop (`exgrpo_core.loop`, SQLite store, no Prefect / MLflow: that overhead is
+benchmarks/orchestration_overhead.py); TRL runs with `report_to=none`.
+Prints medians over the steps after `--warmup`, and writes benchmarks/results/trl_speed_<preset>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / ".trl"))  # TRL lives here, installed by setup_trl.sh
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+STAGES = ["rollout", "score", "verify", "buffer", "select", "train", "log"]
+
+
+def timed_iteration(s, loop, M) -> dict:
+    """`loop.run_iteration` with every stage timed, planning counted in `select` and the
+    trainer's scoring pass (inside `generate`) split out as `score`."""
+    t0 = time.perf_counter()
+    plan = loop.plan_batch(s)
+    t_plan = time.perf_counter() - t0
+    rollouts, st1 = loop.generate(s, plan)
+    st2 = loop.verify(s, rollouts)
+    groups, st3 = loop.update_buffer(s, plan, rollouts)
+    replayed, st4 = loop.select_trajectories(s, plan)
+    st5 = loop.train(s, groups, replayed)
+    t1 = time.perf_counter()
+    out = {**st1, **st2, **st3, **st4, **st5, **loop.buffer_snapshot(s)}
+    s.store.log_metrics(s.run_id, plan.step, out)
+    s.store.update_run(s.run_id, step=plan.step)
+    s.step += 1
+    t_end = time.perf_counter()
+    score = SCORE_TIME.pop(id(s), 0.0)
+    return {"iteration": t_end - t0, "rollout": st1[M.TIME_ROLLOUT] - score, "score": score,
+            "verify": st2[M.TIME_VERIFY], "buffer": st3[M.TIME_BUFFER], "select": st4[M.TIME_SELECT] + t_plan,
+            "train": st5[M.TIME_TRAIN], "log": t_end - t1,
+            "tokens": st1[M.RESPONSE_LENGTH] * st1[M.RESPONSES], "reward": st2[M.REWARD_MEAN],
+            "replayed": st4[M.REPLAYED_SAMPLES]}
+
+
+SCORE_TIME: dict[int, float] = {}
+
+
+def _instrument_scoring(loop) -> None:
+    """Time the trainer's scoring pass of fresh rollouts (part of `rollout/`, split out for the profile)."""
+    original = loop.score_rollouts
+
+    def timed(s, rollouts, *a, **kw):
+        t0 = time.perf_counter()
+        original(s, rollouts, *a, **kw)
+        if not a and not kw:  # generate()'s call; select_trajectories passes the entropy kind
+            SCORE_TIME[id(s)] = SCORE_TIME.get(id(s), 0.0) + time.perf_counter() - t0
+
+    loop.score_rollouts = timed
+
+
+def trl_config(cfg, out_dir: str, max_steps: int):
+    """GRPOConfig matching our config field by field (see the module docstring)."""
+    from trl import GRPOConfig
+
+    K, rows = cfg.rollout.group_size, cfg.train.mini_batch_size * cfg.rollout.group_size
+    micro = min(cfg.train.micro_batch_size, rows)
+    if rows % micro or cfg.train.batch_size != cfg.train.mini_batch_size:
+        raise SystemExit("trl_speed needs one optimiser step per iteration and micro | rows")
+    return GRPOConfig(
+        output_dir=out_dir, max_steps=max_steps, per_device_train_batch_size=micro,
+        gradient_accumulation_steps=rows // micro, num_generations=K, num_iterations=1,
+        max_completion_length=cfg.rollout.max_response_tokens, temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p, top_k=0, learning_rate=cfg.train.lr, lr_scheduler_type="constant",
+        warmup_steps=0, weight_decay=cfg.train.weight_decay, max_grad_norm=cfg.train.max_grad_norm,
+        beta=cfg.loss.kl_coef, epsilon=cfg.loss.clip_eps, loss_type="dr_grpo", scale_rewards="none",
+        entropy_coef=cfg.loss.entropy_coef, use_cpu=True, bf16=False, fp16=False,
+        gradient_checkpointing=cfg.model.gradient_checkpointing, logging_steps=1, report_to="none",
+        save_strategy="no", seed=cfg.run.seed, dataloader_num_workers=0, disable_tqdm=True,
+        log_completions=False)
+
+
+def build_trl(cfg, questions, verifier, callback, out_dir: str, max_steps: int):
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from exgrpo_core.models import load_policy
+
+    model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, tiny=cfg.model.tiny.model_dump(),
+                             seed=cfg.run.seed)
+    ds = Dataset.from_list([{"prompt": list(q.messages), "answer": q.answer} for q in questions])
+    tokens: list[int] = []
+
+    def math_verify_reward(completions, answer, completion_ids, **_):
+        """Same grader as ours: last boxed / number, math-verify, per-item timeout."""
+        tokens.append(sum(len(c) for c in completion_ids))
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(r) for r, _ in verifier.verify(texts, list(answer))]
+
+    trainer = GRPOTrainer(model=model, reward_funcs=math_verify_reward, args=trl_config(cfg, out_dir, max_steps),
+                          train_dataset=ds, processing_class=tok, callbacks=[callback])
+    return trainer, tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="tiny")
+    ap.add_argument("--steps", type=int, default=20, help="measured steps per arm (after the warm-up)")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps dropped from the medians")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for all arms")
+    ap.add_argument("--arms", default="trl,onpolicy,exgrpo")
+    ap.add_argument("--tag", default="", help="suffix of the results file (e.g. before / after)")
+    ap.add_argument("--set", action="append", default=[], help="config overrides for every arm")
+    args = ap.parse_args()
+    import torch
+    from transformers import TrainerCallback
+
+    from bench_record import save_result
+    from exgrpo_core import data, loop, metrics as M
+    from exgrpo_core.config_io import load_config
+    from exgrpo_core.rewards import MathVerifier
+    from exgrpo_core.session import open_session
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    arms = args.arms.split(",")
+    total = args.warmup + args.steps
+    out = tempfile.mkdtemp(prefix="exgrpo-trl-speed-")
+    base = [f"run.output_dir={out}", f"run.steps={total + 1}", "run.checkpoint_every=0", "run.resume=never",
+            *args.set]
+    cfg = load_config(args.config, base)
+    _instrument_scoring(loop)
+    ours = {}
+    if "onpolicy" in arms:
+        ours["onpolicy"] = open_session(load_config(args.config, base + ["run.name=onpolicy", "buffer.replay_ratio=0"]))
+    if "exgrpo" in arms:
+        ours["exgrpo"] = open_session(load_config(args.config, base + ["run.name=exgrpo"]))
+    times: dict[str, list[dict]] = {a: [] for a in arms}
+    mark = [0.0]
+
+    def run_ours():
+        for name, s in ours.items():
+            times[name].append(timed_iteration(s, loop, M))
+
+    class Interleave(TrainerCallback):
+        def on_train_begin(self, *a, **k):
+            mark[0] = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            times["trl"].append({"iteration": time.perf_counter() - mark[0], "tokens": trl_tokens.pop(0)})
+            run_ours()
+            mark[0] = time.perf_counter()
+
+    if "trl" in arms:
+        questions = data.load_questions(cfg.data.train_path, question_key=cfg.data.question_key,
+                                        answer_key=cfg.data.answer_key, system_prompt=cfg.data.system_prompt,
+                                        instruction=cfg.data.instruction, max_questions=cfg.data.max_questions)
+        verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
+        trainer, trl_tokens = build_trl(cfg, questions, verifier, Interleave(), out + "/trl", total)
+        trainer.train()
+        verifier.close()
+    else:
+        for _ in range(total):
+            run_ours()
+    for s in ours.values():
+        s.close()
+
+    load = os.getloadavg()
+    result = {"preset": args.config, "overrides": args.set, "steps": args.steps, "warmup": args.warmup,
+              "threads": torch.get_num_threads(), "loadavg_1_5_15": load, "arms": {}}
+    print(f"\n{args.config}: median over steps {args.warmup}..{total - 1}, {torch.get_num_threads()} threads, "
+          f"load {load[0]:.2f}")
+    print(f"{'arm':<10} {'s/step':>8} {'ms/token':>9} {'tokens':>7}  " + " ".join(f"{s:>8}" for s in STAGES))
+    for arm, rows in times.items():
+        kept = rows[args.warmup:]
+        med = {k: statistics.median(r[k] for r in kept) for k in kept[0]} if kept else {}
+        med["ms_per_token"] = statistics.median(1e3 * r["iteration"] / max(r["tokens"], 1) for r in kept)
+        result["arms"][arm] = {"median": med, "per_step_seconds": [r["iteration"] for r in rows]}
+        split = " ".join(f"{med.get(s, float('nan')):>8.3f}" for s in STAGES)
+        print(f"{arm:<10} {med['iteration']:>8.3f} {med['ms_per_token']:>9.2f} {med['tokens']:>7.0f}  {split}")
+    if "trl" in times and "onpolicy" in times:
+        ratio = [o["iteration"] / t["iteration"] for t, o in zip(times["trl"][args.warmup:], times["onpolicy"][args.warmup:])]
+        result["onpolicy_over_trl_median_ratio"] = statistics.median(ratio)
+        print(f"ours on-policy / TRL, median of per-step ratios: {result['onpolicy_over_trl_median_ratio']:.3f}")
+    if "trl" in times and "exgrpo" in times:
+        ratio = [o["iteration"] / t["iteration"] for t, o in zip(times["trl"][args.warmup:], times["exgrpo"][args.warmup:])]
+        result["exgrpo_over_trl_median_ratio"] = statistics.median(ratio)
+        print(f"ours ExGRPO / TRL, median of per-step ratios:    {result['exgrpo_over_trl_median_ratio']:.3f}")
+    name = f"trl_speed_{args.config}{'_' + args.tag if args.tag else ''}.json"
+    save_result(name, result)
+
+
+if __name__ == "__main__":
+    main()
