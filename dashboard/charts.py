@@ -20,17 +20,22 @@ STEP_AXIS = alt.Axis(format="d", tickMinStep=1)
 
 
 def merge_bins(hist: pd.DataFrame, max_bins: int = 40) -> pd.DataFrame:
-    """SQL bins [group, bin, n, sum, sumsq] -> display bins [group, entropy, n, density] (density per nat)."""
+    """SQL bins [group, bin, n, sum, sumsq] -> display bins [group, entropy, start, end, n, density].
+
+    `entropy` is the bin centre, `density` is per nat within the group (each group integrates to 1).
+    """
     if hist.empty:
-        return pd.DataFrame(columns=["group", "entropy", "n", "density"])
+        return pd.DataFrame(columns=["group", "entropy", "start", "end", "n", "density"])
     lo, hi = int(hist["bin"].min()), int(hist["bin"].max())
     factor = max(1, math.ceil((hi - lo + 1) / max_bins))
     width = factor * BIN_WIDTH
     out = hist.assign(dbin=(hist["bin"] - lo) // factor).groupby(["group", "dbin"], as_index=False)["n"].sum()
     totals = out.groupby("group")["n"].transform("sum")
-    out["entropy"] = lo * BIN_WIDTH + (out["dbin"] + 0.5) * width
+    out["start"] = lo * BIN_WIDTH + out["dbin"] * width
+    out["end"] = out["start"] + width
+    out["entropy"] = out["start"] + width / 2
     out["density"] = out["n"] / totals / width
-    return out[["group", "entropy", "n", "density"]]
+    return out[["group", "entropy", "start", "end", "n", "density"]]
 
 
 def group_stats(hist: pd.DataFrame) -> pd.DataFrame:
@@ -44,7 +49,7 @@ def group_stats(hist: pd.DataFrame) -> pd.DataFrame:
 def histogram(bins: pd.DataFrame, title: str) -> alt.Chart:
     """Overlaid density histograms of entropy, one colour per group."""
     return alt.Chart(bins, title=title).mark_bar(opacity=0.55, binSpacing=0).encode(
-        x=alt.X("entropy:Q", title="trajectory entropy H(o) (nats)", bin=alt.Bin(binned=True)),
+        x=alt.X("start:Q", title="trajectory entropy H(o) (nats)", bin=alt.Bin(binned=True)), x2="end:Q",
         y=alt.Y("density:Q", title="density", stack=None),
         color=alt.Color("group:N", title=None),
         tooltip=["group:N", alt.Tooltip("entropy:Q", format=".3f"), "n:Q", alt.Tooltip("density:Q", format=".3f")],
@@ -67,7 +72,8 @@ def lines(df: pd.DataFrame, y: str, color: str, title: str, y_title: str | None 
     """Metric curves over training steps; `marker_step` draws the replay-start rule."""
     chart = alt.Chart(df, title=title).mark_line(point=len(df) < 60).encode(
         x=alt.X("step:Q", title="step", axis=STEP_AXIS), y=alt.Y(f"{y}:Q", title=y_title or y),
-        color=alt.Color(f"{color}:N", title=None), tooltip=[f"{color}:N", "step:Q", alt.Tooltip(f"{y}:Q", format=".4g")],
+        color=alt.Color(f"{color}:N", title=None, scale=alt.Scale(scheme="tableau10")),
+        tooltip=[f"{color}:N", "step:Q", alt.Tooltip(f"{y}:Q", format=".4g")],
     ).properties(height=HEIGHT)
     return chart + replay_rule(marker_step) if marker_step is not None else chart
 

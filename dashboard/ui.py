@@ -20,7 +20,7 @@ TTL_S = 10
 
 
 def _cached(fn):
-    return st.cache_data(ttl=TTL_S, show_spinner="querying the experience database...")(fn)
+    return st.cache_data(ttl=TTL_S, show_spinner="loading...")(fn)
 
 
 list_runs = _cached(queries.list_runs)

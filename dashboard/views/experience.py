@@ -10,7 +10,7 @@ from dashboard import charts, db, ui
 from dashboard.highlight import highlight_answer
 
 QUESTIONS_PER_PAGE = 25
-TRAJECTORIES_PER_PAGE = 20
+TRAJECTORIES_PER_PAGE = 10
 
 
 def _filters(K: int) -> dict:

@@ -1,0 +1,185 @@
+"""Each dashboard page in Streamlit's AppTest, against the real tiny runs: the numbers shown are the database's."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from exgrpo_core import metrics as M
+
+APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
+
+
+def open_page(page: str, run_id: str | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=180)
+    if run_id:
+        at.session_state["run_id"] = run_id
+    at.run()
+    if page != "runs":
+        at.switch_page(f"views/{page}.py").run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def metrics_of(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def shown_text(at: AppTest) -> str:
+    parts = [e.value for kind in (at.markdown, at.caption, at.info, at.warning, at.subheader, at.title) for e in kind]
+    return "\n".join(str(p) for p in parts)
+
+
+def charts(at: AppTest) -> int:
+    return len(at.get("vega_lite_chart")) + len(at.get("arrow_vega_lite_chart"))
+
+
+def last_metric(trained, run: str, key: str) -> float:
+    return trained.one("select value from step_metrics where run_id=:r and key=:k order by step desc limit 1",
+                       r=trained.ids[run], k=key)
+
+
+def test_runs_page_lists_both_runs_with_their_metrics(dashboard_env):
+    t = dashboard_env
+    at = open_page("runs")
+    assert metrics_of(at)["runs"] == "2" and metrics_of(at)["finished"] == "2"
+    table = at.dataframe[0].value.set_index("run")
+    assert table.loc["exgrpo", "steps"] == 8 and table.loc["on-policy", "steps"] == 5
+    assert table.loc["exgrpo", "reward"] == pytest.approx(last_metric(t, "exgrpo", M.REWARD_MEAN))
+    assert table.loc["on-policy", "replay"] == False  # noqa: E712 - numpy bool
+    assert charts(at) == 2  # reward and pass@1 of the selected runs
+
+
+def test_buffer_page_shows_the_last_step_and_replay_start(dashboard_env):
+    t = dashboard_env
+    at = open_page("buffer", t.ids["exgrpo"])
+    shown = metrics_of(at)
+    assert shown["pool questions"] == f"{last_metric(t, 'exgrpo', M.BUFFER_QUESTIONS):.0f}"
+    assert shown["pool trajectories"] == f"{last_metric(t, 'exgrpo', M.BUFFER_TRAJECTORIES):.0f}"
+    assert shown["retired questions"] == f"{last_metric(t, 'exgrpo', M.RETIRED_QUESTIONS):.0f}"
+    start = t.one("select replay_started_step from runs where name='exgrpo'")
+    assert shown["replay on since step"] == str(start)
+    assert charts(at) == 5  # sizes, bucket area, weight means, weight spread, replayed samples
+    now = at.dataframe[0].value
+    assert now["questions"].sum() == t.one("select count(*) from question_states where run_id=:r", r=t.ids["exgrpo"])
+
+
+def test_buffer_page_explains_a_run_without_replay(dashboard_env):
+    at = open_page("buffer", dashboard_env.ids["on-policy"])
+    assert metrics_of(at)["replay on since step"] == "never"
+    assert "Replay never became active" in shown_text(at)
+    assert "no importance weights" in shown_text(at)
+
+
+def _stats(at: AppTest, i: int) -> dict[str, int]:
+    df = at.dataframe[i].value
+    return dict(zip(df["group"], df["trajectories"]))
+
+
+def test_entropy_page_counts_match_the_database_and_follow_the_step_range(dashboard_env):
+    t = dashboard_env
+    rid = t.ids["exgrpo"]
+    at = open_page("entropy", rid)
+    assert at.slider[0].value == (0, 7)
+
+    def expected(lo, hi):
+        by_reward = dict(t.sql("select case when reward > 0 then 'correct' else 'incorrect' end, count(*) from "
+                               "trajectories where run_id=:r and step between :a and :b and entropy is not null "
+                               "group by 1", r=rid, a=lo, b=hi))
+        replayed = t.one("select count(*) from replays where run_id=:r and step between :a and :b", r=rid, a=lo, b=hi)
+        return by_reward, replayed
+
+    for lo, hi in ((0, 7), (2, 5)):
+        if (lo, hi) != (0, 7):
+            at.slider[0].set_range(lo, hi).run()
+            assert not at.exception
+        by_reward, replayed = expected(lo, hi)
+        assert _stats(at, 0) == by_reward
+        assert _stats(at, 1).get("replayed", 0) == replayed > 0
+        assert sum(_stats(at, 2).values()) == sum(by_reward.values())  # by bucket: every trajectory once
+    assert charts(at) == 4
+
+
+def test_entropy_page_on_a_run_without_replay(dashboard_env):
+    at = open_page("entropy", dashboard_env.ids["on-policy"])
+    assert "replay never became active in this run" in shown_text(at)
+    assert "has not replayed any trajectory yet" in shown_text(at)
+
+
+def test_experience_browser_filters_and_shows_a_question(dashboard_env):
+    t = dashboard_env
+    rid = t.ids["exgrpo"]
+    at = open_page("experience", rid)
+    total = t.one("select count(*) from question_states where run_id=:r", r=rid)
+    assert f"{total} questions match" in shown_text(at)
+    # default order: most replayed first; the page opens that question
+    uid, k, groups, replayed, qid = t.sql(
+        "select uid, latest_k, n_groups, times_replayed, question_id from question_states where run_id=:r "
+        "order by times_replayed desc, uid limit 1", r=rid)[0]
+    assert f"Question {uid}" in [s.value for s in at.subheader]
+    shown = metrics_of(at)
+    assert shown["latest k"] == f"{k} / 8" and shown["groups"] == str(groups) and shown["times replayed"] == str(replayed)
+    stored = t.one("select count(*) from trajectories where run_id=:r and question_id=:q", r=rid, q=qid)
+    assert f"**{stored} stored trajectories**" in shown_text(at)
+    html = [h.proto.body for h in at.get("html")]
+    assert html and any("<mark" in h for h in html), "no answer span highlighted"
+
+    retired_box = next(s for s in at.selectbox if s.label == "retired")
+    retired_box.select("yes").run()
+    n_retired = t.one("select count(*) from question_states where run_id=:r and retired", r=rid)
+    assert f"{n_retired} questions match" in shown_text(at)
+
+
+def test_results_page_shows_evaluations_curves_and_mlflow_side_by_side(dashboard_env):
+    t = dashboard_env
+    at = open_page("results")
+    evals = at.dataframe[0].value.set_index("step")
+    for step, value in t.sql("select step, value from eval_results where run_id=:r and benchmark='tiny-arith' "
+                             "and metric='pass@1'", r=t.ids["exgrpo"]):
+        assert evals.loc[step, "tiny-arith"] == pytest.approx(value)
+    mlflow = at.dataframe[1].value.set_index("mlflow_name")
+    assert set(mlflow.index) == {"exgrpo", "on-policy"}
+    assert mlflow.loc["on-policy", "buffer.replay_ratio"] == "0.0"  # the parameter that differs is shown
+    assert not at.warning
+    assert charts(at) >= 4  # per-benchmark curves, reward, pass@1, MLflow average pass@1
+
+
+PAGES = ["runs", "buffer", "entropy", "experience", "results"]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_pages_explain_an_empty_database(page, tmp_path, monkeypatch):
+    from exgrpo_core.store import ExperienceStore
+
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    ExperienceStore(url).close()  # schema, no runs
+    monkeypatch.setenv("EXGRPO_DB_URL", url)
+    at = open_page(page)
+    assert "No runs yet" in shown_text(at)
+
+
+@pytest.mark.parametrize("url, message", [
+    ("sqlite:///{tmp}/missing.db", "no experience database at"),
+    ("mysql://root@localhost/x", "unknown database dialect"),
+    ("postgresql+psycopg://postgres@127.0.0.1:9/none", "cannot connect to the experience database"),
+])
+def test_pages_explain_an_unusable_database(url, message, tmp_path, monkeypatch):
+    monkeypatch.setenv("EXGRPO_DB_URL", url.format(tmp=tmp_path))
+    for page in ("runs", "buffer"):
+        at = AppTest.from_file(APP, default_timeout=180)
+        at.run()
+        if page != "runs":
+            at.switch_page(f"views/{page}.py").run()
+        assert not at.exception, at.exception
+        assert any(message in e.value for e in at.error), [e.value for e in at.error]
+
+
+def test_results_page_says_when_mlflow_cannot_be_read(dashboard_env, monkeypatch, tmp_path):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'nothing' / 'mlflow.db'}")
+    at = open_page("results")
+    assert any(re.search("MLflow cannot be read.*no MLflow store", w.value) for w in at.warning)
+    assert not at.exception
