@@ -224,16 +224,21 @@ def _trajectory_rows(sim: Sim, run_id: str, qids: list[int], base: int, run: dic
                    ids[starts[j]:ends[j]], lps[starts[j]:ends[j]], c["in_pool"][t], c["retired"][t], times, last)
 
 
+def default_questions(n_trajectories: int) -> int:
+    """Dataset size for a run of n trajectories: about 20 stored responses per question."""
+    return max(256, n_trajectories // 20)
+
+
 def fill(db_url: str, n_trajectories: int, *, seed: int = 0, group_size: int = 8, response_tokens: int = 256,
          run_name: str = "synthetic", n_questions: int | None = None) -> str:
     """Store a synthetic run of about `n_trajectories` trajectories (at most group_size more); returns its run id.
 
-    n_questions defaults to max(256, n_trajectories // 20): 50k at 1M, near the paper's 46k training set.
+    n_questions defaults to `default_questions`: 50k at 1M, near the paper's 46k training set.
     """
     if n_trajectories < 1 or group_size < 2 or response_tokens < 4:
         raise ValueError(f"need n_trajectories >= 1, group_size >= 2, response_tokens >= 4; got "
                          f"{n_trajectories}, {group_size}, {response_tokens}")
-    n_questions = n_questions or max(256, n_trajectories // 20)
+    n_questions = n_questions or default_questions(n_trajectories)
     if n_questions < BATCH:
         raise ValueError(f"n_questions must be >= {BATCH} (one batch), got {n_questions}")
     run_id = uuid.uuid4().hex

@@ -185,8 +185,9 @@ def read_buffer_state(conn: Connection, run_id: str, group_size: int) -> BufferS
     bucket_counts = dict.fromkeys(range(group_size + 1), 0)
     bucket_counts.update({int(k): int(n) for k, n, _, _ in per_k})  # a k outside 0..K is shown, not hidden
     buckets: dict[int, list[str]] = {}
-    for k, uid in conn.execute(select(qs.latest_k, qs.uid).where(
-            qs.run_id == run_id, qs.retired.is_(False), qs.pool_size > 0).order_by(qs.latest_k, qs.uid)):
+    # sorted here, not in SQL: code-point order on both backends, and no collation sort in PostgreSQL
+    for k, uid in sorted(conn.execute(select(qs.latest_k, qs.uid).where(
+            qs.run_id == run_id, qs.retired.is_(False), qs.pool_size > 0)).tuples()):
         buckets.setdefault(int(k), []).append(uid)
     return BufferState(buckets=buckets, bucket_counts=bucket_counts,
                        pool_questions=sum(len(v) for v in buckets.values()),

@@ -68,6 +68,7 @@ class QuestionState(Base):
     __table_args__ = (
         UniqueConstraint("run_id", "uid", name="uq_question_states_run_uid"),
         Index("ix_question_states_run_retired_k", "run_id", "retired", "latest_k"),
+        Index("ix_question_states_run_retired_step", "run_id", "retired_step"),  # rollback: un-retire
     )
 
 
@@ -80,7 +81,10 @@ class GroupResultRow(Base):
     k: Mapped[int] = mapped_column(Integer)
     n: Mapped[int] = mapped_column(Integer)  # group size, the replayed trajectory included
     is_replay: Mapped[bool] = mapped_column(Boolean)
-    __table_args__ = (Index("ix_group_results_run_question_step", "run_id", "question_id", "step"),)
+    __table_args__ = (
+        Index("ix_group_results_run_question_step", "run_id", "question_id", "step"),
+        Index("ix_group_results_run_step", "run_id", "step"),  # rollback deletes by step
+    )
 
 
 class Trajectory(Base):
@@ -105,6 +109,7 @@ class Trajectory(Base):
     __table_args__ = (
         Index("ix_trajectories_run_question_pool", "run_id", "question_id", "in_pool"),
         Index("ix_trajectories_run_step", "run_id", "step"),
+        Index("ix_trajectories_run_collected_step", "run_id", "collected_step"),  # rollback deletes by it
     )
 
 
@@ -119,6 +124,7 @@ class Replay(Base):
     __table_args__ = (
         Index("ix_replays_run_step", "run_id", "step"),
         Index("ix_replays_trajectory", "trajectory_id"),  # FK checks when rollback deletes trajectories
+        Index("ix_replays_run_question", "run_id", "question_id"),  # rollback recounts per question
     )
 
 
