@@ -18,7 +18,7 @@ from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import load_config
 from exgrpo_core.store import ExperienceStore, resolve_db_url
 from flows import compare_report as report
-from flows.compare_arms import ArmRun, build_arm_runs, can_evaluate, parse_arms, parse_seeds, rollout_slots
+from flows.compare_arms import ArmName, ArmRun, build_arm_runs, can_evaluate, parse_arms, parse_seeds, rollout_slots
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 from flows.train import train
 
@@ -43,7 +43,7 @@ def write_report(results: list[dict], out_dir: str, name: str, meta: dict) -> di
 
 
 @flow(name="exgrpo-compare", log_prints=True)
-def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list[str] | None = None,
+def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list[ArmName] | None = None,
             seeds: list[int] = [0], evaluate: bool = True, name: str | None = None) -> dict:  # noqa: B006
     """Train every arm x seed (all arms when `arms` is None), evaluate, and write the comparison table.
 

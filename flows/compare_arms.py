@@ -10,6 +10,7 @@ No Prefect import here: the CLI checks arms before any server starts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import ConfigError, load_config
@@ -26,6 +27,8 @@ ARMS: dict[str, tuple[tuple[str, ...], float | None]] = {
     "rho_0.75": (("buffer.replay_ratio=0.75",), 44.8),
     "no_policy_shaping": (("loss.policy_shaping=false",), 41.2),
 }
+
+ArmName = Literal[tuple(ARMS)]  # the Prefect form offers these names
 
 
 @dataclass
