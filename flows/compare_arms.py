@@ -9,6 +9,7 @@ No Prefect import here: the CLI checks arms before any server starts.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,6 +76,8 @@ def run_name(comparison: str, arm: str, seed: int) -> str:
 def build_arm_runs(preset: str, overrides: list[str] | None, arms: list[str] | str | None,
                    seeds: list[int] | str, name: str, evaluate: bool) -> list[ArmRun]:
     """Resolved configs of every (arm, seed), arms outer; the arm's overrides win over the user's."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}", name):
+        raise ConfigError(f"comparison name must be letters, digits, '.', '_' or '-' (got {name!r})")
     runs = []
     base = load_config(preset, overrides)  # a bad user override fails here, once
     final_eval = ["eval.final=true"] if evaluate and can_evaluate(base) else []

@@ -69,6 +69,12 @@ def test_bad_arms_are_one_clear_error(arms, message):
         parse_arms(arms)
 
 
+def test_comparison_names_that_cannot_be_folders_or_tags_are_refused():
+    for bad in ("a b", "x'y", "../up", ""):
+        with pytest.raises(ConfigError, match="comparison name"):
+            build_arm_runs("tiny", None, "exgrpo", [0], bad, evaluate=False)
+
+
 def test_seeds_parse_and_bad_seeds_are_errors():
     assert parse_seeds("0, 2") == [0, 2] and parse_seeds([1]) == [1]
     for bad in ("a", "", "1,1"):
