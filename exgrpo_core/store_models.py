@@ -84,6 +84,7 @@ class GroupResultRow(Base):
     __table_args__ = (
         Index("ix_group_results_run_question_step", "run_id", "question_id", "step"),
         Index("ix_group_results_run_step", "run_id", "step"),  # rollback deletes by step
+        Index("ix_group_results_run_question_step_k", "run_id", "question_id", "step", "k"),  # dashboard (0003)
     )
 
 
@@ -110,6 +111,9 @@ class Trajectory(Base):
         Index("ix_trajectories_run_question_pool", "run_id", "question_id", "in_pool"),
         Index("ix_trajectories_run_step", "run_id", "step"),
         Index("ix_trajectories_run_collected_step", "run_id", "collected_step"),  # rollback deletes by it
+        # dashboard entropy histograms read only this index (0003)
+        Index("ix_trajectories_run_step_entropy", "run_id", "step", "entropy", "reward", "question_id",
+              "collected_step"),
     )
 
 
