@@ -3,7 +3,9 @@
     exgrpo train --config configs/tiny.yaml --set run.steps=5
     exgrpo config --config cpu-demo --set rollout.group_size=4     # print the resolved config
     exgrpo db upgrade [--url URL]
+    exgrpo dashboard --config cpu-demo [--port 8501]              # Streamlit dashboard, read-only
     exgrpo compare --config tiny --arms on_policy,exgrpo --seeds 0,1   # child runs + comparison table
+    exgrpo evaluate --config cpu-demo --run cpu-demo --suite gsm8k   # a run's latest checkpoint
 """
 
 from __future__ import annotations
@@ -54,6 +56,35 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    import importlib.util
+    import subprocess
+
+    from exgrpo_core.config import ExGRPOConfig
+    from exgrpo_core.config_io import load_config
+    from exgrpo_core.store import resolve_db_url
+    from exgrpo_core.store_engine import mask_url, parse_url
+    from flows.tracking import resolve_tracking_uri
+
+    cfg = load_config(args.config, args.set) if args.config else ExGRPOConfig()
+    db_url = resolve_db_url(args.db_url or cfg.run.db_url, os.path.join(cfg.run.output_dir, cfg.run.name))
+    parse_url(db_url)  # a malformed URL is one clear error; a missing database is explained on the page
+    mlflow_uri = args.mlflow_uri or resolve_tracking_uri(cfg)
+    app = os.path.join(os.path.dirname(importlib.util.find_spec("dashboard").origin), "app.py")
+    console.print(f"dashboard on http://{args.host}:{args.port} | database {mask_url(db_url)} | MLflow {mlflow_uri}")
+    env = {**os.environ, "EXGRPO_DB_URL": db_url, "MLFLOW_TRACKING_URI": mlflow_uri}
+    cmd = [sys.executable, "-m", "streamlit", "run", app, "--server.headless=true", f"--server.port={args.port}",
+           f"--server.address={args.host}", "--browser.gatherUsageStats=false", "--client.toolbarMode=minimal",
+           "--server.fileWatcherType=none"]
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(timeout=10)
+        return 0
+
+
 def cmd_db(args: argparse.Namespace) -> int:
     from exgrpo_core.store import ExperienceStore, resolve_db_url
 
@@ -62,6 +93,32 @@ def cmd_db(args: argparse.Namespace) -> int:
     head = store.upgrade()
     store.close()
     console.print(f"database at revision {head}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import json
+
+    from exgrpo_core import eval_report
+    from exgrpo_core.config_io import load_config
+
+    cfg = load_config(args.config, args.set + ([f"eval.suites={json.dumps(args.suite)}"] if args.suite else []))
+    from flows.eval_tasks import load_items
+
+    load_items(cfg)  # a bad suite is one clear error before Prefect starts
+    targets = ([("model", m) for m in args.model] + [("checkpoint", c) for c in args.checkpoint]
+               + [("run", r) for r in args.run]) or [("model", None)]
+    from flows import evaluate as eval_flow
+
+    summaries = {}
+    for kind, value in targets:
+        out = eval_flow.evaluate(preset=cfg.preset, config=cfg, **{kind: value})
+        summaries[out["label"]] = out["eval"]
+        console.print(f"[green]evaluated[/green] {out['source']} (step {out['step']}): run {out['run_id']}, "
+                      f"MLflow run {out['mlflow_run_id']}, files in {out['artifacts']}")
+    paths = eval_report.write_table(summaries, args.out, stem="eval_table")
+    console.print(paths["md"].read_text(), end="")
+    console.print(f"table: {paths['md']} (.csv .json .png beside it)")
     return 0
 
 
@@ -95,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--url", default=None, help="SQLAlchemy URL (default: EXGRPO_DB_URL, else SQLite in --run-dir)")
     db.add_argument("--run-dir", default="runs/exgrpo", help="where the default SQLite file lives")
     db.set_defaults(fn=cmd_db)
+    da = sub.add_parser("dashboard", help="start the Streamlit dashboard on the runs' database and MLflow")
+    da.add_argument("--config", default=None, help="preset or YAML whose database / MLflow to show (as `train`)")
+    da.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    da.add_argument("--db-url", default=None, help="experience database URL (default: as training resolves it)")
+    da.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI (default: as training resolves it)")
+    da.add_argument("--port", type=int, default=8501)
+    da.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 to share it)")
+    da.set_defaults(fn=cmd_dashboard)
     cp = sub.add_parser("compare", help="on-policy GRPO vs ExGRPO and ablations as child runs (Prefect flow)")
     cp.add_argument("--config", required=True, help="preset name (tiny, cpu-demo, paper) or YAML path")
     cp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every arm")
@@ -103,6 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--name", default=None, help="comparison name (default compare-<config>); rerun to resume")
     cp.add_argument("--no-eval", action="store_true", help="skip the final held-out evaluation of each arm")
     cp.set_defaults(fn=cmd_compare)
+    ev = sub.add_parser("evaluate", help="evaluate models / checkpoints / runs on benchmark suites (Prefect flow)")
+    ev.add_argument("--config", required=True, help="preset or YAML: eval settings, output_dir, database, MLflow")
+    ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    ev.add_argument("--model", action="append", default=[], help="model name or path (default: model.name_or_path)")
+    ev.add_argument("--checkpoint", action="append", default=[], help="checkpoint folder of a training run")
+    ev.add_argument("--run", action="append", default=[], help="run name under run.output_dir: latest checkpoint")
+    ev.add_argument("--suite", action="append", default=[], help="paper, paper-valid, gsm8k, bundled:NAME, a "
+                    ".jsonl/.parquet path or hf:NAME (default: eval.suites, else data.eval_path)")
+    ev.add_argument("--out", default="runs/eval-table", help="where the table of all targets is written")
+    ev.set_defaults(fn=cmd_evaluate)
     return p
 
 

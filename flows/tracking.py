@@ -87,6 +87,10 @@ class MlflowRun:
     def log_json(self, obj: dict, name: str) -> None:
         self.log_text(json.dumps(obj, indent=2, default=str), name)
 
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
+        """Upload every file under local_dir (evaluation tables, plots) into artifact_path."""
+        self.mlflow.log_artifacts(str(local_dir), artifact_path)
+
     def end(self, status: str = "FINISHED") -> None:
         self.mlflow.end_run(status=status)
 

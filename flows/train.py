@@ -17,6 +17,7 @@ from exgrpo_core import loop, metrics as M
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import load_config
 from exgrpo_core.session import Session, open_session
+from flows.eval_tasks import TrainingEvaluator
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 
 # Set by the CLI to draw a progress display; called as progress(step, total, metrics).
@@ -86,6 +87,7 @@ def train(preset: str = "tiny", overrides: list[str] | None = None,
     """
     cfg = config or load_config(preset, overrides or [])
     check_server(resolve_tracking_uri(cfg))  # a dead MLflow server fails before any work is done
+    evaluator = TrainingEvaluator(cfg) if cfg.eval.every or cfg.eval.final else None  # bad suites fail here
     s = open_session(cfg)
     tracker = MlflowRun(cfg, s.mlflow_run_id, tags={"exgrpo.run_id": s.run_id, "exgrpo.preset": cfg.preset},
                         parent_run_id=parent_mlflow_run_id)
@@ -108,8 +110,12 @@ def train(preset: str = "tiny", overrides: list[str] | None = None,
             st_train = train_step(s, groups, replayed)
             stats = {**st_roll, **st_verify, **st_buf, **st_sel, **st_train,
                      M.TIME_ITERATION: time.perf_counter() - t0}
+            if evaluator and evaluator.due(step):
+                evaluator.run(s, tracker, step)  # before log_step checkpoints: a crash re-evaluates this step
             stats = log_step(s, tracker, step, stats)
         summary = _summary(s, stats)
+        if evaluator and cfg.eval.final:
+            summary["eval"] = evaluator.final(s, tracker)
         tracker.log_json(summary, "summary.json")
         tracker.end("FINISHED")
         s.store.update_run(s.run_id, status="finished")

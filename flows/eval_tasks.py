@@ -1,0 +1,96 @@
+"""Evaluation tasks shared by the training flow (periodic / final) and the evaluate flow.
+
+`record` puts one evaluation everywhere it belongs: `eval_results` (save_eval, keyed by run id and
+step), the step metrics and MLflow under `eval/<benchmark>/<metric>` (metrics.eval_key), and the
+table / plot / samples files as MLflow artifacts under `eval/step_NNNNNN/`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from exgrpo_core import eval_report, evaluation as E, metrics as M
+from exgrpo_core.config import ExGRPOConfig
+
+_task = task(cache_policy=NO_CACHE, persist_result=False)
+
+
+def load_items(cfg: ExGRPOConfig) -> list[E.EvalItem]:
+    """The distinct questions of eval.suites (else data.eval_path), repeats grouped."""
+    specs = cfg.eval.suites or ([cfg.data.eval_path] if cfg.data.eval_path else [])
+    d = cfg.data
+    return [it for spec in specs for it in E.load_suite(
+        spec, question_key=d.question_key, answer_key=d.answer_key, system_prompt=d.system_prompt,
+        instruction=d.instruction, max_questions=cfg.eval.max_questions)]
+
+
+def generation_args(cfg: ExGRPOConfig) -> dict:
+    """Plain arguments of `evaluation.evaluate_items` from the config (eval falls back to rollout)."""
+    e = cfg.eval
+    return dict(samples=e.samples, temperature=e.temperature, top_p=e.top_p,
+                max_new_tokens=e.max_response_tokens or cfg.rollout.max_response_tokens,
+                max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+                batch_size=e.batch_size or cfg.rollout.generation_batch_size, seed=cfg.run.seed,
+                pass_k=list(e.pass_k))
+
+
+@_task
+def run_eval(model, tokenizer, items: list[E.EvalItem], verify, args: dict) -> E.EvalReport:
+    return E.evaluate_items(model, tokenizer, items, verify, **args)
+
+
+def flat_metrics(report: E.EvalReport) -> dict[str, float]:
+    """{eval/<benchmark>/<metric>: value} plus the average and the evaluation's speed."""
+    out = {M.eval_key(b, k): v for b, m in report.summary().items() for k, v in m.items()}
+    out[M.EVAL_SECONDS] = report.seconds
+    out[M.EVAL_QUESTIONS_PER_S] = len(report.questions) / report.seconds if report.seconds > 0 else 0.0
+    return out
+
+
+@_task
+def record(report: E.EvalReport, *, store, run_id: str, step: int, tracker, out_dir: Path, label: str) -> dict:
+    """Store, log and write one evaluation; returns its summary."""
+    E.save_report(store, run_id, step, report)
+    flat = flat_metrics(report)
+    store.log_metrics(run_id, step, flat)
+    tracker.log_metrics(flat, step)
+    folder = Path(out_dir) / f"step_{step:06d}"
+    eval_report.write_table({label: report.summary()}, folder)
+    eval_report.write_samples(report, folder / "samples.jsonl")
+    tracker.log_artifacts(folder, f"eval/step_{step:06d}")
+    avg = report.average.get("pass@1", float("nan"))
+    parts = ", ".join(f"{b} {100 * m['pass@1']:.1f}" for b, m in report.benchmarks.items())
+    print(f"eval step {step + 1}: average pass@1 {100 * avg:.1f}% ({parts}) in {report.seconds:.1f} s")
+    return report.summary()
+
+
+def stored_summary(store, run_id: str, step: int) -> dict | None:
+    """The evaluation already stored for this step (a resumed run's final eval), as a summary."""
+    rows = [r for r in store.get_evals(run_id) if r["step"] == step]
+    return {r["benchmark"]: r["metrics"] for r in rows} or None
+
+
+class TrainingEvaluator:
+    """Periodic and final evaluation inside a training run (suites are loaded once, before the run opens)."""
+
+    def __init__(self, cfg: ExGRPOConfig):
+        self.cfg = cfg
+        self.items = load_items(cfg)
+        self.args = generation_args(cfg)
+
+    def due(self, step: int) -> bool:
+        every = self.cfg.eval.every
+        return every > 0 and (step + 1) % every == 0
+
+    def run(self, s, tracker, step: int) -> dict:
+        report = run_eval(s.accelerator.unwrap_model(s.model), s.tokenizer, self.items, s.verify, self.args)
+        return record(report, store=s.store, run_id=s.run_id, step=step, tracker=tracker,
+                      out_dir=s.run_dir / "eval", label=self.cfg.run.name)
+
+    def final(self, s, tracker) -> dict:
+        """Evaluate at the last step unless that step's evaluation is already stored."""
+        step = self.cfg.run.steps - 1
+        return stored_summary(s.store, s.run_id, step) or self.run(s, tracker, step)

@@ -1,0 +1,123 @@
+"""Prefect evaluation flow: a model, a checkpoint, or a training run's latest checkpoint on benchmark suites.
+
+A checkpoint of a training run attaches its results to that run (database run id and MLflow run,
+at the checkpoint's step); a bare model (`model` or the config's `model.name_or_path`) gets an
+evaluation-only run `eval-<model>` in both. Settings come from the config's `eval` section.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from prefect import flow
+
+from exgrpo_core import checkpoint as C, models
+from exgrpo_core.config import ExGRPOConfig
+from exgrpo_core.config_io import ConfigError, load_config
+from exgrpo_core.rewards import MathVerifier
+from exgrpo_core.store import ExperienceStore, StoreError, resolve_db_url
+from flows.eval_tasks import generation_args, load_items, record, run_eval
+from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
+
+
+@dataclass
+class Target:
+    """What is evaluated: weights at `source`; run ids when they come from a training run's checkpoint."""
+
+    source: str
+    label: str
+    run_dir: Path
+    step: int = 0
+    run_id: str | None = None
+    mlflow_run_id: str | None = None
+
+
+def resolve_target(cfg: ExGRPOConfig, model: str | None, checkpoint: str | None, run: str | None) -> Target:
+    """At most one of model / checkpoint dir / run name; none means the config's model."""
+    if sum(x is not None for x in (model, checkpoint, run)) > 1:
+        raise ConfigError("evaluate takes one of model, checkpoint or run (got more than one)")
+    if run is not None:
+        run_dir = Path(cfg.run.output_dir).resolve() / run
+        ckpt = C.latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise ConfigError(f"run {run!r} has no checkpoint in {C.checkpoint_dir(run_dir)} "
+                              "(set run.output_dir to the folder that holds the run)")
+        checkpoint = str(ckpt)
+    if checkpoint is not None:
+        ckpt = Path(checkpoint).expanduser().resolve()
+        if not (ckpt / C.STATE_FILE).is_file():
+            if not ckpt.is_dir():
+                raise ConfigError(f"checkpoint {checkpoint}: no such directory")
+            model = str(ckpt)  # a plain model folder (save_policy): evaluate it as a bare model
+        else:
+            loop = C.load_trainer_state(ckpt)
+            return Target(str(ckpt), ckpt.parent.parent.name, ckpt.parent.parent, loop["step"],
+                          loop["loop"]["run_id"], loop["loop"].get("mlflow_run_id"))
+    source = model or cfg.model.name_or_path
+    label = "eval-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(source).name or source).strip("-")
+    return Target(source, label, Path(cfg.run.output_dir).resolve() / label)
+
+
+@flow(name="exgrpo-evaluate", log_prints=True)
+def evaluate(preset: str = "tiny", overrides: list[str] | None = None, model: str | None = None,
+             checkpoint: str | None = None, run: str | None = None, suites: list[str] | None = None,
+             config: ExGRPOConfig | None = None) -> dict:
+    """Evaluate on `suites` (default: eval.suites, else data.eval_path); returns ids, step and the scores.
+
+    `preset`/`overrides` build the config (`config`, when given, is used as is); `model` is a name or
+    path, `checkpoint` a checkpoint folder, `run` a run name under run.output_dir (latest checkpoint).
+    """
+    cfg = config or load_config(preset, overrides or [])
+    if suites:
+        cfg = cfg.model_copy(deep=True)
+        cfg.eval.suites = list(suites)
+    items = load_items(cfg)  # a bad suite fails before any model is loaded
+    if not items:
+        raise ConfigError("nothing to evaluate: pass suites, or set eval.suites or data.eval_path")
+    check_server(resolve_tracking_uri(cfg))
+    target = resolve_target(cfg, model, checkpoint, run)
+    target.run_dir.mkdir(parents=True, exist_ok=True)
+    store = ExperienceStore(resolve_db_url(cfg.run.db_url, target.run_dir))
+    try:
+        run_id = _db_run(store, cfg, target)
+        tags = {"exgrpo.run_id": run_id, "exgrpo.kind": "evaluate" if target.run_id is None else "train"}
+        tracker = MlflowRun(cfg.model_copy(update={"run": cfg.run.model_copy(update={"name": target.label})}),
+                            target.mlflow_run_id, tags=tags)
+        if target.run_id is None:
+            store.update_run(run_id, mlflow_run_id=tracker.run_id)
+        try:
+            policy, tokenizer = models.load_policy(target.source, dtype=cfg.model.dtype,
+                                                   tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed)
+            if torch.cuda.is_available():
+                policy = policy.cuda()
+            with MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers) as v:
+                report = run_eval(policy, tokenizer, items, v.verify, generation_args(cfg))
+            summary = record(report, store=store, run_id=run_id, step=target.step, tracker=tracker,
+                             out_dir=target.run_dir / "eval", label=target.label)
+        except BaseException:
+            tracker.end("FAILED")
+            raise
+        tracker.end("FINISHED")
+    finally:
+        store.close()
+    return {"label": target.label, "run_id": run_id, "mlflow_run_id": tracker.run_id, "step": target.step,
+            "source": target.source, "eval": summary, "seconds": report.seconds,
+            "artifacts": str(target.run_dir / "eval" / f"step_{target.step:06d}")}
+
+
+def _db_run(store: ExperienceStore, cfg: ExGRPOConfig, target: Target) -> str:
+    """The training run's id (must be in this database), or a new evaluation-only run."""
+    if target.run_id is not None:
+        if store.get_run(target.run_id) is None:
+            raise StoreError(f"run {target.run_id} of checkpoint {target.source} is not in {store!r}; set "
+                             "run.db_url to the database the run trained with")
+        return target.run_id
+    run_id = uuid.uuid4().hex
+    store.start_run(run_id, target.label, cfg.preset, {"evaluate": target.source, **cfg.model_dump(mode="json")},
+                    cfg.rollout.group_size)
+    store.update_run(run_id, status="finished", step=0)
+    return run_id
