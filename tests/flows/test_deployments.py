@@ -1,25 +1,107 @@
-"""prefect.yaml declares the training deployment with typed parameters the Prefect UI can render."""
+"""prefect.yaml: every deployment loads, and its parameter form is the one the Prefect UI renders.
+
+The schema checked here is the `parameter_openapi_schema` that `prefect deploy` stores (it calls
+`parameter_schema(flow)` on the loaded entrypoint); the server validates "Run" requests against it
+with `prefect.utilities.schema_tools.validate`, as done below.
+"""
 
 from pathlib import Path
 
+import pytest
 import yaml
 from prefect.flows import load_flow_from_entrypoint
 from prefect.utilities.callables import parameter_schema
+from prefect.utilities.schema_tools import validate
+
+from exgrpo_core.config import ExGRPOConfig
+from exgrpo_core.config_io import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
+SPEC = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+DEPLOYMENTS = {d["name"]: d for d in SPEC["deployments"]}
+EXPECTED = {"exgrpo-train": "flows/train.py:train", "exgrpo-evaluate": "flows/evaluate.py:evaluate",
+            "exgrpo-compare": "flows/compare.py:compare"}
 
 
-def test_train_deployment_entrypoint_and_typed_parameters():
-    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
-    deployments = {d["name"]: d for d in spec["deployments"]}
-    train = deployments["train"]
-    flow = load_flow_from_entrypoint(str(ROOT / train["entrypoint"]))
-    schema = parameter_schema(flow).model_dump_for_openapi()
-    props = schema["properties"]
-    assert set(train["parameters"]) <= set(props), "deployment sets a parameter the flow does not take"
-    assert props["preset"]["type"] == "string"
-    assert props["overrides"]["anyOf"][0]["type"] == "array"
-    # the nested config renders as a documented form: field descriptions come from the docstrings
-    definitions = schema["definitions"]
-    rollout = definitions["RolloutConfig"]["properties"]["group_size"]
-    assert "K responses per question" in rollout["description"] and rollout["default"] == 8
+def _schema(name: str) -> dict:
+    flow = load_flow_from_entrypoint(str(ROOT / DEPLOYMENTS[name]["entrypoint"]))
+    return parameter_schema(flow).model_dump_for_openapi()
+
+
+def _resolve(schema: dict, node: dict) -> dict:
+    ref = node.get("$ref")
+    return schema["definitions"][ref.split("/")[-1]] if ref else node
+
+
+def test_each_existing_flow_has_its_deployment_on_the_process_pool():
+    for name, entrypoint in EXPECTED.items():
+        if (ROOT / entrypoint.split(":")[0]).exists():
+            assert DEPLOYMENTS[name]["entrypoint"] == entrypoint
+    assert "exgrpo-train" in DEPLOYMENTS
+    for d in DEPLOYMENTS.values():
+        assert d["work_pool"]["name"] == "exgrpo-process", d["name"]
+        assert set(d) >= {"description", "parameters", "tags"}, d["name"]
+
+
+@pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
+def test_deployment_defaults_pass_the_servers_parameter_validation(name):
+    schema = _schema(name)
+    params = DEPLOYMENTS[name]["parameters"]
+    assert set(params) <= set(schema["properties"]), "deployment sets a parameter the flow does not take"
+    assert validate(params, schema, raise_on_error=False, preprocess=True) == []
+    assert schema["properties"]["preset"]["type"] == "string"
+    overrides = schema["properties"]["overrides"]["anyOf"]
+    assert {"type": "array", "items": {"type": "string"}} in overrides and {"type": "null"} in overrides
+
+
+@pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
+def test_every_ref_in_the_form_resolves(name):
+    schema = _schema(name)
+    refs: list[str] = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                refs.append(node["$ref"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(schema)
+    for ref in refs:
+        assert ref.startswith("#/definitions/") and ref.split("/")[-1] in schema["definitions"], ref
+
+
+def test_train_config_form_is_the_documented_config_tree():
+    schema = _schema("exgrpo-train")
+    config = schema["properties"]["config"]
+    assert {"type": "null"} in config["anyOf"] and config["default"] is None  # optional: preset wins
+    root = _resolve(schema, next(o for o in config["anyOf"] if "$ref" in o))
+    assert set(root["properties"]) == set(ExGRPOConfig.model_fields)
+    for section, prop in root["properties"].items():
+        sub = _resolve(schema, prop.get("allOf", [prop])[0])
+        for field, spec in sub.get("properties", {}).items():
+            # field docstrings become the form's help text
+            assert spec.get("description"), f"config.{section}.{field} has no description in the form"
+    group = _resolve(schema, root["properties"]["rollout"])["properties"]["group_size"]
+    assert "K responses per question" in group["description"] and group["default"] == 8
+    resume = _resolve(schema, root["properties"]["run"])["properties"]["resume"]
+    assert resume["enum"] == ["auto", "never", "must"]  # rendered as a select box
+
+
+def test_a_full_config_submitted_from_the_form_validates_and_round_trips():
+    schema = _schema("exgrpo-train")
+    cfg = load_config("tiny", ["run.steps=3"])
+    params = {"preset": "tiny", "overrides": None, "config": cfg.model_dump(mode="json")}
+    assert validate(params, schema, raise_on_error=False, preprocess=True) == []
+    assert ExGRPOConfig.model_validate(params["config"]) == cfg
+
+
+def test_the_form_rejects_a_wrong_type_like_the_server_does():
+    schema = _schema("exgrpo-train")
+    bad = load_config("tiny", []).model_dump(mode="json")
+    bad["rollout"]["group_size"] = "eight"
+    errors = validate({"preset": "tiny", "config": bad}, schema, raise_on_error=False, preprocess=True)
+    assert errors and "eight" in str(errors)
