@@ -1,0 +1,62 @@
+"""docker-compose.yml (Docker cannot run here) is valid YAML and agrees with infra/services.sh."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+
+
+def _script_defaults() -> dict[str, str]:
+    """The settings infra/config.sh derives from an empty environment."""
+    keys = ["EXGRPO_MLFLOW_PORT", "EXGRPO_PREFECT_PORT", "EXGRPO_PG_PORT", "EXGRPO_DB_PREFIX", "EXGRPO_WORK_POOL",
+            "EXGRPO_TRAIN_ROLE", "EXGRPO_DASHBOARD_ROLE", "EXGRPO_SERVICES_ROLE"]
+    script = "source infra/config.sh; " + "; ".join(f'echo "{k}=${k}"' for k in keys)
+    out = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")}).stdout
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
+def test_every_app_container_runs_the_scripts_serve_command_for_its_own_name():
+    assert set(SERVICES) == {"postgres", "db-setup", "mlflow", "prefect", "worker"}
+    for name in ("mlflow", "prefect", "worker"):
+        assert SERVICES[name]["command"] == ["bash", "infra/services.sh", "serve", name]
+        assert f"{name}_cmd()" in (ROOT / "infra" / "services.sh").read_text()
+    assert SERVICES["db-setup"]["command"] == ["bash", "infra/services.sh", "db"]
+    assert (ROOT / SERVICES["mlflow"]["build"]["dockerfile"]).is_file()
+
+
+def test_ports_names_and_pool_match_the_script_defaults_and_prefect_yaml():
+    defaults = _script_defaults()
+    env = SERVICES["worker"]["environment"]
+    assert SERVICES["mlflow"]["ports"] == [f"{defaults['EXGRPO_MLFLOW_PORT']}:{env['EXGRPO_MLFLOW_PORT']}"]
+    assert SERVICES["prefect"]["ports"] == [f"{defaults['EXGRPO_PREFECT_PORT']}:{env['EXGRPO_PREFECT_PORT']}"]
+    assert SERVICES["postgres"]["ports"] == [f"{defaults['EXGRPO_PG_PORT']}:5432"]
+    for key in ("EXGRPO_DB_PREFIX", "EXGRPO_WORK_POOL", "EXGRPO_TRAIN_ROLE", "EXGRPO_DASHBOARD_ROLE",
+                "EXGRPO_SERVICES_ROLE"):
+        assert env[key] == defaults[key], key
+    assert env["EXGRPO_MLFLOW_URL"] == f"http://mlflow:{defaults['EXGRPO_MLFLOW_PORT']}"
+    assert env["EXGRPO_PREFECT_API_URL"] == f"http://prefect:{defaults['EXGRPO_PREFECT_PORT']}/api"
+    deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    assert {d["work_pool"]["name"] for d in deployments} == {defaults["EXGRPO_WORK_POOL"]}
+
+
+def test_no_secret_is_written_in_the_file():
+    for name, svc in SERVICES.items():
+        for key, value in (svc.get("environment") or {}).items():
+            if "PASSWORD" in key:
+                assert re.fullmatch(r"\$\{[A-Z_]+:\?[^}]*\}", str(value)), f"{name}.{key} must come from the env"
+
+
+def test_scripts_parse_and_refuse_unknown_commands():
+    for script in sorted((ROOT / "infra").glob("*.sh")):
+        subprocess.run(["bash", "-n", str(script)], check=True)
+    out = subprocess.run(["bash", "infra/services.sh", "serve", "nothing"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 2 and "usage" in out.stderr
