@@ -183,7 +183,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "db_scale.json"))
     args = ap.parse_args()
-    rows = []
+    load_start, rows = os.getloadavg(), []
     for backend in args.backends.split(","):
         for n in [int(s) for s in args.sizes.split(",")]:
             rows.append(bench_size(backend, n, args))
@@ -191,7 +191,8 @@ def main() -> None:
                   f"{rows[-1]['db_bytes'] / 2**20:.0f} MiB", flush=True)
     print_table(rows)
     result = dict(command="python " + " ".join(sys.argv), date=datetime.datetime.now().isoformat(timespec="seconds"),
-                  machine=machine(), response_tokens=args.response_tokens, repeats=args.repeats, results=rows)
+                  machine=machine(), load_average_start_end=[load_start, os.getloadavg()],
+                  response_tokens=args.response_tokens, repeats=args.repeats, results=rows)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
 

@@ -283,6 +283,9 @@ def _write_all(store: ExperienceStore, run_id: str, sim: Sim, run: dict, respons
         for table in ("trajectories", "group_results", "replays"):
             w.fix_sequence(table)
         _write_states(conn, w, run_id, sim, qids)
+    if store.engine.dialect.name == "postgresql":  # what autovacuum would do after a bulk load
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE")
 
 
 def _write_states(conn, w: Writer, run_id: str, sim: Sim, qids: list[int]) -> None:

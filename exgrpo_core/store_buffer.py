@@ -53,6 +53,35 @@ def bulk_insert(conn: Connection, stmt, rows: list[dict]) -> None:
         conn.execute(stmt, part)
 
 
+# COPY column types of the trajectories table (id comes from its sequence)
+_TRAJECTORY_COPY = {"run_id": "varchar", "question_id": "int4", "step": "int4", "collected_step": "int4",
+                    "reward": "float8", "entropy": "float8", "length": "int4", "truncated": "bool", "text": "text",
+                    "text_sha1": "varchar", "token_ids": "bytea", "behaviour_logprobs": "bytea", "in_pool": "bool",
+                    "retired": "bool", "times_replayed": "int4", "last_replayed_step": "int4"}
+
+
+def insert_trajectories(conn: Connection, rows: list[dict]) -> None:
+    """Trajectory rows in the caller's transaction: PostgreSQL COPY (binary), else executemany.
+
+    A step writes ~1000 rows of a few KB each (token ids, log-probs, text); COPY skips the per-row
+    parse/bind of INSERT, which dominated the buffer update at 1M trajectories (benchmarks/db_scale.py).
+    """
+    if conn.dialect.name != "postgresql" or not rows:
+        bulk_insert(conn, insert(Trajectory), rows)
+        return
+    cols = list(_TRAJECTORY_COPY)
+    cur = conn.connection.driver_connection.cursor()
+    try:
+        with cur.copy(f"COPY trajectories ({', '.join(cols)}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types([_TRAJECTORY_COPY[c] for c in cols])
+            for r in rows:
+                copy.write_row([r[c] for c in cols])
+    except Exception as e:  # psycopg errors are not SQLAlchemy's: name the problem here
+        raise StoreError(f"storing {len(rows)} trajectories failed: {str(e).strip().splitlines()[0]}") from e
+    finally:
+        cur.close()
+
+
 def none_if_nan(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) else float(x)
 
@@ -91,7 +120,7 @@ def apply_groups(conn: Connection, run_id: str, step: int, groups: list[GroupRes
     _update_states(conn, run_id, step, groups, states, rows)
     if newly_retired:
         _retire(conn, run_id, step, sorted(newly_retired))
-    bulk_insert(conn, insert(Trajectory), rows)
+    insert_trajectories(conn, rows)
     return {M.COLLECTED: float(collected), M.DUPLICATES: float(duplicates),
             M.NEWLY_RETIRED: float(len(newly_retired)), M.STORED_ROLLOUTS: float(len(rows))}
 
@@ -184,11 +213,12 @@ def read_buffer_state(conn: Connection, run_id: str, group_size: int) -> BufferS
                          .where(qs.run_id == run_id, qs.latest_k.is_not(None)).group_by(qs.latest_k)).all()
     bucket_counts = dict.fromkeys(range(group_size + 1), 0)
     bucket_counts.update({int(k): int(n) for k, n, _, _ in per_k})  # a k outside 0..K is shown, not hidden
-    buckets: dict[int, list[str]] = {}
-    # sorted here, not in SQL: code-point order on both backends, and no collation sort in PostgreSQL
-    for k, uid in sorted(conn.execute(select(qs.latest_k, qs.uid).where(
-            qs.run_id == run_id, qs.retired.is_(False), qs.pool_size > 0)).tuples()):
-        buckets.setdefault(int(k), []).append(uid)
+    pooled: dict[int, list[str]] = {}
+    for k, uid in conn.execute(select(qs.latest_k, qs.uid).where(
+            qs.run_id == run_id, qs.retired.is_(False), qs.pool_size > 0)).all():
+        pooled.setdefault(int(k), []).append(uid)
+    # sorted here, not in SQL: code-point order on both backends, no collation sort in PostgreSQL
+    buckets = {k: sorted(pooled[k]) for k in sorted(pooled)}
     return BufferState(buckets=buckets, bucket_counts=bucket_counts,
                        pool_questions=sum(len(v) for v in buckets.values()),
                        pool_trajectories=sum(int(p or 0) for *_, p in per_k),
