@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pandas as pd
-from sqlalchemy import Connection, Integer, and_, case, cast, func, literal, or_, select
+from sqlalchemy import Connection, Integer, and_, case, cast, func, literal, or_, select, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from exgrpo_core import metrics as M
@@ -25,6 +25,8 @@ from dashboard.db import DashboardError, has_schema, readonly_engine, reason
 RUN_KEYS = (M.REWARD_MEAN, M.FRESH_PASS1, M.BUFFER_QUESTIONS, M.BUFFER_TRAJECTORIES, M.RETIRED_QUESTIONS)
 BIN_WIDTH = 0.02  # nats: fine SQL bins, merged into display bins by the page
 PAGE_SIZE = 50
+ENTROPY_DEFAULT_STEPS = 20  # the Entropy page opens on the last 20 steps (~20k trajectories at the paper batch)
+_HAS_SCHEMA: set[str] = set()
 
 
 @contextmanager
@@ -32,9 +34,11 @@ def reading(url: str, what: str) -> Iterator[Connection | None]:
     """One short read transaction (None when training has not created the tables yet)."""
     engine = readonly_engine(url)
     try:
-        if not has_schema(engine):
-            yield None
-            return
+        if url not in _HAS_SCHEMA:
+            if not has_schema(engine):
+                yield None
+                return
+            _HAS_SCHEMA.add(url)  # tables, once created by training, stay
         with engine.connect() as conn, conn.begin():
             yield conn
     except SQLAlchemyError as e:
@@ -93,6 +97,11 @@ def step_bounds(url: str, run_id: str) -> tuple[int, int] | None:
     return None if row[0] is None else (int(row[0]), int(row[1]))
 
 
+# GROUP BY output positions: each use of an expression with bound parameters (bin width, labels) is a new
+# parameter, which PostgreSQL does not recognise as the selected expression.
+BY_FIRST_TWO = (text("1"), text("2"))
+
+
 def _bin(col):
     return cast(col / BIN_WIDTH, Integer)  # entropy >= 0, so truncation is floor
 
@@ -109,19 +118,19 @@ def entropy_histogram(url: str, run_id: str, lo: int, hi: int, by: str) -> pd.Da
     if by == "correct":
         group = case((T.reward > 0, "correct"), else_="incorrect")
         stmts = [select(group, _bin(T.entropy), func.count(), func.sum(T.entropy), func.sum(T.entropy * T.entropy))
-                 .where(in_range).group_by(group, _bin(T.entropy))]
+                 .where(in_range).group_by(*BY_FIRST_TWO)]
     elif by == "bucket":
         stmts = [select(G.k, _bin(T.entropy), func.count(), func.sum(T.entropy), func.sum(T.entropy * T.entropy))
                  .join(G, and_(G.run_id == T.run_id, G.question_id == T.question_id, G.step == T.collected_step))
-                 .where(in_range).group_by(G.k, _bin(T.entropy))]
+                 .where(in_range).group_by(*BY_FIRST_TWO)]
     elif by == "source":
         fresh = case((T.reward > 0, "fresh correct"), else_="fresh incorrect")
         stmts = [select(fresh, _bin(T.entropy), func.count(), func.sum(T.entropy), func.sum(T.entropy * T.entropy))
-                 .where(in_range).group_by(fresh, _bin(T.entropy)),
+                 .where(in_range).group_by(*BY_FIRST_TWO),
                  select(literal("replayed"), _bin(R.entropy), func.count(), func.sum(R.entropy),
                         func.sum(R.entropy * R.entropy))
                  .where(R.run_id == run_id, R.step >= lo, R.step <= hi, R.entropy.is_not(None))
-                 .group_by(_bin(R.entropy))]
+                 .group_by(text("2"))]
     else:
         raise DashboardError(f"unknown entropy grouping {by!r}: use correct, bucket or source")
     cols = ["group", "bin", "n", "sum", "sumsq"]

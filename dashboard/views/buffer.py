@@ -31,8 +31,11 @@ def render() -> None:
     cols[3].metric("replay on since step", str(start) if start is not None else "never")
     if start is None:
         st.info("Replay never became active in this run: it stays on-policy until a step's fraction of correct "
-                "rollouts passes `buffer.start_threshold` (or `buffer.replay_ratio` is 0). Buckets and retired "
+                "rollouts passes `buffer.start_threshold`. Buckets and retired "
                 "questions are still tracked; the pool starts collecting once replay is on.")
+    elif m.loc[m.key == M.REPLAYED_SAMPLES, "value"].sum() == 0:
+        st.info(f"Replay is on since step {start}, but no trajectory has been replayed yet: the pool is still "
+                "empty, or `buffer.replay_ratio` is 0 (plain on-policy GRPO).")
 
     sizes = m[m.key.isin(SIZES)].assign(series=lambda d: d.key.map(SIZES))
     st.altair_chart(charts.lines(sizes, "value", "series", "replay pool and retired set", "count", start),

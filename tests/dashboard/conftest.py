@@ -1,7 +1,7 @@
 """One real tiny training session for the dashboard tests: two runs in one SQLite database and MLflow store.
 
 `exgrpo` trains 8 steps with replay on from the start and evaluates every 4 steps and at the end;
-`on-policy` trains 5 steps with replay_ratio = 0 (a run without replay). Both go through the
+`on-policy` trains 5 steps with replay_ratio = 0 and a start threshold no step can pass (replay never on). Both go through the
 Prefect training flow (session server from tests/conftest.py) in one subprocess.
 """
 
@@ -23,7 +23,8 @@ from flows.train import train
 folder = sys.argv[1]
 common = [f"run.output_dir={folder}/runs", f"run.db_url=sqlite:///{folder}/exp.db",
           f"run.mlflow_tracking_uri=sqlite:///{folder}/mlflow.db"]
-train(config=load_config("tiny", common + ["run.name=on-policy", "run.steps=5", "buffer.replay_ratio=0"]))
+train(config=load_config("tiny", common + ["run.name=on-policy", "run.steps=5", "buffer.replay_ratio=0",
+                                           "buffer.start_threshold=1"]))
 train(config=load_config("tiny", common + ["run.name=exgrpo", "run.steps=8", "eval.every=4", "eval.final=true",
                                            'eval.suites=["bundled:tiny-arith"]']))
 """
