@@ -174,6 +174,16 @@ def print_table(rows: list[dict]) -> None:
               + " ".join(f"{mem[op] * 1e3:>12.1f}" if op in mem else f"{'-':>12}" for op in OPS))
 
 
+def markdown_table(rows: list[dict]) -> str:
+    """The README table: median ms per operation, database and in-memory baseline side by side."""
+    lines = ["| backend | trajectories | " + " | ".join(OPS) + " |", "|---|---:|" + "---:|" * len(OPS)]
+    for r in rows:
+        for name, med in ((r["backend"], r["median_s"]), ("in-memory", r["inmemory_median_s"])):
+            cells = [f"{med[op] * 1e3:.1f}" if op in med else "-" for op in OPS]
+            lines.append(f"| {name} | {r['n_trajectories']:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="10000,100000,1000000")
@@ -182,7 +192,11 @@ def main() -> None:
     ap.add_argument("--response-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "db_scale.json"))
+    ap.add_argument("--render", metavar="JSON", help="only print the markdown table of a results file")
     args = ap.parse_args()
+    if args.render:
+        print(markdown_table(json.loads(Path(args.render).read_text())["results"]))
+        return
     load_start, rows = os.getloadavg(), []
     for backend in args.backends.split(","):
         for n in [int(s) for s in args.sizes.split(",")]:
@@ -193,6 +207,7 @@ def main() -> None:
     result = dict(command="python " + " ".join(sys.argv), date=datetime.datetime.now().isoformat(timespec="seconds"),
                   machine=machine(), load_average_start_end=[load_start, os.getloadavg()],
                   response_tokens=args.response_tokens, repeats=args.repeats, results=rows)
+    print("\n" + markdown_table(rows))
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
 

@@ -233,16 +233,20 @@ class ExperienceStore:
         out: dict[str, list[Experience]] = {uid: [] for uid in question_uids}
         with read_connection(self.engine, f"reading candidates of run {run_id}") as conn:
             for part in chunks(sorted(out)):
-                known = set(conn.execute(select(QS.uid).where(QS.run_id == run_id, QS.uid.in_(part))).scalars())
-                if len(known) < len(part):
+                uid_of = dict(conn.execute(select(QS.question_id, QS.uid).where(
+                    QS.run_id == run_id, QS.uid.in_(part))).all())
+                if len(uid_of) < len(part):
                     raise StoreError(f"question uids never registered for run {run_id}: "
-                                     f"{sorted(set(part) - known)[:5]}")
-                q = (select(T.id, QS.uid, T.token_ids, T.behaviour_logprobs, T.text, T.step, T.entropy,
+                                     f"{sorted(set(part) - set(uid_of.values()))[:5]}")
+                # by question id through the (run, question, in_pool) index; `step + 0` keeps SQLite's
+                # planner off the step indexes, which made it scan every trajectory of the run
+                q = (select(T.id, T.question_id, T.token_ids, T.behaviour_logprobs, T.text, T.step, T.entropy,
                             T.times_replayed)
-                     .join(QS, (QS.run_id == T.run_id) & (QS.question_id == T.question_id))
-                     .where(T.run_id == run_id, QS.uid.in_(part), T.in_pool.is_(True), T.step < before_step)
+                     .where(T.run_id == run_id, T.question_id.in_(sorted(uid_of)), T.in_pool.is_(True),
+                            T.step + 0 < before_step)
                      .order_by(T.id))
-                for tid, uid, ids, lps, text, step, ent, times in conn.execute(q):
+                for tid, qid, ids, lps, text, step, ent, times in conn.execute(q):
+                    uid = uid_of[qid]
                     out[uid].append(Experience(
                         id=tid, question_uid=uid, response_ids=decode_token_ids(ids),
                         behaviour_logprobs=decode_logprobs(lps), text=text, step=step,
