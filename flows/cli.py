@@ -58,7 +58,6 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     import importlib.util
-    import subprocess
 
     from exgrpo_core.config import ExGRPOConfig
     from exgrpo_core.config_io import load_config
@@ -68,7 +67,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set) if args.config else ExGRPOConfig()
     db_url = resolve_db_url(args.db_url or cfg.run.db_url, os.path.join(cfg.run.output_dir, cfg.run.name))
-    parse_url(db_url)  # a malformed URL is one clear error; a missing database is explained on the page
+    if not db_url.startswith("sqlite"):  # a bad server URL is one clear error; a missing SQLite file (or
+        parse_url(db_url)                # folder) is explained on the page until training creates it
     mlflow_uri = args.mlflow_uri or resolve_tracking_uri(cfg)
     app = os.path.join(os.path.dirname(importlib.util.find_spec("dashboard").origin), "app.py")
     console.print(f"dashboard on http://{args.host}:{args.port} | database {mask_url(db_url)} | MLflow {mlflow_uri}")
@@ -76,13 +76,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "streamlit", "run", app, "--server.headless=true", f"--server.port={args.port}",
            f"--server.address={args.host}", "--browser.gatherUsageStats=false", "--client.toolbarMode=minimal",
            "--server.fileWatcherType=none"]
-    proc = subprocess.Popen(cmd, env=env)
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=10)
-        return 0
+    sys.stdout.flush()
+    os.execve(sys.executable, cmd, env)  # this process becomes Streamlit: signals and Ctrl-C reach it directly
 
 
 def cmd_db(args: argparse.Namespace) -> int:
