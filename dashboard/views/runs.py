@@ -32,7 +32,8 @@ def render() -> None:
     if not chosen:
         st.info("Select one or more runs to see their curves here and compare them on the Results page.")
         return
-    st.session_state["run_id"] = chosen[0]
+    if st.session_state.get("run_id") not in chosen:  # single-run pages open the first selected run
+        st.session_state["run_id"] = chosen[0]
     series = ui.metric_series(url, tuple(chosen), (M.REWARD_MEAN, M.FRESH_PASS1))
     if series.empty:
         st.info("The selected runs have not completed a step yet.")

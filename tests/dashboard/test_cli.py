@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,14 +26,15 @@ def test_help_lists_the_training_settings_it_shares():
 
 
 def test_it_resolves_the_database_and_mlflow_store_as_training_does(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("EXGRPO_DB_URL", "MLFLOW_TRACKING_URI")}
+    env["COLUMNS"] = "500"  # one line of output, unwrapped
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "dashboard", "--config", "tiny", "--set",
                              f"run.output_dir={tmp_path}", "--port", "1"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={k: v for k, v in __import__("os").environ.items()
-                                                                     if k not in ("EXGRPO_DB_URL", "MLFLOW_TRACKING_URI")})
+                            stderr=subprocess.STDOUT, text=True, env=env)
     try:
-        first = proc.stdout.readline() + proc.stdout.readline()
+        first = proc.stdout.readline()
     finally:
         proc.kill()
         proc.wait()
-    assert f"database sqlite:///{tmp_path}/tiny/experience.db" in first.replace("\n", ""), first
-    assert f"MLflow sqlite:///{tmp_path}/mlflow.db" in first.replace("\n", ""), first
+    assert f"database sqlite:///{tmp_path}/tiny/experience.db" in first, first
+    assert f"MLflow sqlite:///{tmp_path}/mlflow.db" in first, first
