@@ -24,8 +24,8 @@ from exgrpo_core.store_buffer import (CollectRule, apply_groups, bulk_insert, ch
                                       read_buffer_state)
 from exgrpo_core.store_engine import (StoreError, create_store_engine, mask_url, parse_url, read_connection,
                                       resolve_db_url, upgrade_schema, write_transaction)
-from exgrpo_core.store_models import (EvalResult, QuestionRow, QuestionState, Replay, Run, StepMetric,
-                                      Trajectory)
+from exgrpo_core.store_models import (EvalResult, GroupResultRow, QuestionRow, QuestionState, Replay, Run,
+                                      StepMetric, Trajectory)
 from exgrpo_core.store_rollback import rollback_rows
 from exgrpo_core.types import BufferState, Experience, GroupResult, Question
 
@@ -298,6 +298,16 @@ class ExperienceStore:
         with write_transaction(self.engine, f"logging metrics of run {run_id} at step {step}") as conn:
             self._require_run(conn, run_id)
             bulk_insert(conn, stmt, rows)
+
+    def group_slots(self, run_id: str) -> dict[int, tuple[int, int]]:
+        """{step: (group members incl. replayed slots, experiential groups)}: a step's rollout budget."""
+        G = GroupResultRow
+        out: dict[int, tuple[int, int]] = {}
+        with read_connection(self.engine, f"reading group sizes of run {run_id}") as conn:
+            for step, n, is_replay in conn.execute(select(G.step, G.n, G.is_replay).where(G.run_id == run_id)):
+                slots, replay = out.get(step, (0, 0))
+                out[step] = (slots + n, replay + int(is_replay))
+        return dict(sorted(out.items()))
 
     def get_metrics(self, run_id: str, keys: list[str] | None = None) -> dict[str, list[tuple[int, float]]]:
         """{key: [(step, value), ...]} in step order, for all keys or only `keys`."""

@@ -95,13 +95,16 @@ def _meta(base: ExGRPOConfig, preset: str, overrides, arms, seeds, name: str, ev
     K, B = base.rollout.group_size, base.train.batch_size
     cmd = ["exgrpo", "compare", "--config", preset, "--name", name, "--arms", ",".join(parse_arms(arms)),
            "--seeds", ",".join(map(str, parse_seeds(seeds))), *sum((["--set", o] for o in overrides or []), [])]
-    held = "final held-out evaluation on " + str(getattr(base.eval, "suites", None) or base.data.eval_path) \
-        if evaluate and can_evaluate(base) else "no held-out evaluation (no eval.suites / data.eval_path, or evaluate off)"
+    held = (f"final evaluation on {base.eval.suites or base.data.eval_path}" if evaluate and can_evaluate(base)
+            else "no held-out evaluation (no eval.suites / data.eval_path, or evaluate off)")
     notes = [f"Command: `{shlex.join(cmd + ([] if evaluate else ['--no-eval']))}`", "",
              f"Preset `{preset}`, {base.run.steps} steps, B={B} questions x K={K}: every step fills "
              f"B*K={B * K} rollout slots in every arm. Fresh questions get K generated responses, "
-             "experiential ones K-1 generated + 1 replayed, so `responses generated` is lower by "
-             "`replayed` in replay arms (docs/comparison.md). `budget ok`: generated + replayed = B*K at every step.",
+             "experiential ones K-1 generated + 1 replayed, so replay arms generate one response less per "
+             "experiential question (docs/comparison.md). `budget ok`: at every step the stored groups hold B*K "
+             "slots and generated = B*K - experiential groups. `unfilled replay slots`: experiential questions "
+             "solved K/K in that step, retired before trajectory selection, so their group trains without the "
+             "replayed trajectory (all-correct: zero advantage either way).",
              f"Rewards are the last step's values (`mean reward`: over all steps); {held}.",
              "`paper ID avg (ref)`: the paper's in-distribution average for Qwen2.5-Math-7B (SPEC §1.4), "
              "a reference for the direction of each ablation, not comparable in scale."]

@@ -20,31 +20,43 @@ CURVE_KEYS = (M.REWARD_MEAN, M.FRESH_PASS1, M.RESPONSES, M.REPLAYED_SAMPLES, M.B
 
 
 class BudgetError(RuntimeError):
-    """A child run did not fill the comparison's B*K rollout slots at some step."""
+    """A child run's step did not hold B*K group slots, or generated other than slots - experiential."""
 
 
 def arm_result(store: ExperienceStore, run_id: str, arm: str, seed: int, slots: int,
                paper_id_avg: float | None) -> dict:
-    """The table row and per-step curves of one child run, from its stored metrics and evaluations."""
+    """The table row and per-step curves of one child run, from its stored metrics, groups and evaluations.
+
+    Budget per step: the groups hold B*K slots; experiential groups take one slot for a replayed
+    trajectory, so generated = slots - experiential groups. A replay slot stays empty (`unfilled`) when
+    its question retires in that very step: its trajectories leave the pool before selection (SPEC §2 order).
+    """
     m = store.get_metrics(run_id, list(CURVE_KEYS))
     steps = [s for s, _ in m.get(M.REWARD_MEAN, [])]
     curve = {k: [v for _, v in m.get(k, [])] for k in CURVE_KEYS}
     generated = curve[M.RESPONSES]
     replayed = curve[M.REPLAYED_SAMPLES] or [0.0] * len(generated)
-    used = [g + r for g, r in zip(generated, replayed)]
+    groups = store.group_slots(run_id)
+    trace = [(step, *groups.get(step, (0, 0)), g, r) for step, g, r in zip(steps, generated, replayed)]
     last = {k: (v[-1] if v else math.nan) for k, v in curve.items()}
     row = {"arm": arm, "seed": seed, "run_id": run_id, "steps": len(steps),
            "final_reward": last[M.REWARD_MEAN], "mean_reward": _mean(curve[M.REWARD_MEAN]),
            "final_fresh_pass1": last[M.FRESH_PASS1],
            "responses_generated": sum(generated), "responses_per_step_min": min(generated, default=math.nan),
            "responses_per_step_max": max(generated, default=math.nan), "replayed": sum(replayed),
-           "slots_per_step": slots, "slots_ok": all(u == slots for u in used),
+           "unfilled": sum(t[2] for t in trace) - sum(replayed),
+           "slots_per_step": slots, "slots_ok": bool(trace) and not _bad_steps(trace, slots),
            "buffer_questions": last[M.BUFFER_QUESTIONS], "buffer_trajectories": last[M.BUFFER_TRAJECTORIES],
            "retired": last[M.RETIRED_QUESTIONS], "heldout": heldout(store, run_id), "paper_id_avg": paper_id_avg}
     row["heldout_avg"] = row["heldout"].pop("average", math.nan)
     curves = {"step": steps, **{k: curve[k] for k in CURVE_KEYS},
               "responses_cumulative": _cumsum(generated)}
-    return {"row": row, "curves": curves, "slot_trace": used}
+    return {"row": row, "curves": curves, "slot_trace": trace}
+
+
+def _bad_steps(trace: list[tuple], slots: int) -> list[tuple]:
+    """Steps whose (step, group slots, experiential groups, generated, replayed) break the budget."""
+    return [t for t in trace if t[1] != slots or t[3] != t[1] - t[2] or t[4] > t[2]]
 
 
 def heldout(store: ExperienceStore, run_id: str) -> dict[str, float]:
@@ -62,13 +74,13 @@ def heldout(store: ExperienceStore, run_id: str) -> dict[str, float]:
 
 
 def check_budget(results: list[dict]) -> None:
-    """Raise BudgetError naming every (arm, seed, step) whose generated + replayed != B*K."""
-    bad = [(r["row"]["arm"], r["row"]["seed"], step, used)
-           for r in results for step, used in zip(r["curves"]["step"], r["slot_trace"])
-           if used != r["row"]["slots_per_step"]]
+    """Raise BudgetError naming every (arm, seed, step, slots, experiential, generated, replayed) off budget."""
+    bad = [(r["row"]["arm"], r["row"]["seed"], *t) for r in results
+           for t in _bad_steps(r["slot_trace"], r["row"]["slots_per_step"])]
     if bad:
-        raise BudgetError(f"unequal rollout budget: expected {results[0]['row']['slots_per_step']} slots "
-                          f"(generated + replayed) per step, got (arm, seed, step, slots) {bad[:10]}")
+        raise BudgetError(f"unequal rollout budget: every step must hold {results[0]['row']['slots_per_step']} "
+                          "group slots with generated = slots - experiential groups; got (arm, seed, step, slots, "
+                          f"experiential, generated, replayed) {bad[:10]}")
 
 
 def mean_rows(rows: list[dict]) -> list[dict]:
@@ -90,6 +102,7 @@ COLUMNS = [("arm", "arm"), ("seed", "seed"), ("final_reward", "final reward"), (
            ("final_fresh_pass1", "fresh pass@1"), ("heldout_avg", "held-out pass@1 avg"),
            ("responses_generated", "responses generated"), ("responses_per_step_min", "responses/step min"),
            ("responses_per_step_max", "responses/step max"), ("replayed", "replayed"),
+           ("unfilled", "unfilled replay slots"),
            ("slots_per_step", "slots/step (B*K)"), ("slots_ok", "budget ok"), ("buffer_questions", "buffer q"),
            ("buffer_trajectories", "buffer traj"), ("retired", "retired"), ("paper_id_avg", "paper ID avg (ref)")]
 
@@ -150,7 +163,7 @@ def plot(results: list[dict], out_dir: Path, name: str) -> dict[str, str]:
     return paths
 
 
-_COUNTS = {"responses_generated", "responses_per_step_min", "responses_per_step_max", "replayed",
+_COUNTS = {"responses_generated", "responses_per_step_min", "responses_per_step_max", "replayed", "unfilled",
            "slots_per_step", "buffer_questions", "buffer_trajectories", "retired"}
 
 

@@ -16,6 +16,7 @@ import pytest
 from exgrpo_core import metrics as M
 from exgrpo_core.config_io import ConfigError
 from exgrpo_core.store import ExperienceStore
+from exgrpo_core.types import GroupResult, Question, Rollout
 from flows import compare_report as report
 from flows.compare_arms import ARMS, build_arm_runs, check_equal_slots, parse_arms, parse_seeds, run_name
 
@@ -101,32 +102,40 @@ def test_cli_unknown_arm_exits_2_before_any_work(tmp_path):
 
 # ---- the table from stored metrics --------------------------------------------------------------------
 
-def _child(store: ExperienceStore, generated: list[int], replayed: list[int], rewards: list[float]) -> str:
+def _child(store: ExperienceStore, plan: list[tuple[int, int, int]], rewards: list[float]) -> str:
+    """A stored run whose step i had plan[i] = (fresh groups, experiential groups, replayed) at K = 8."""
     run_id = uuid.uuid4().hex
     store.start_run(run_id, f"c-{run_id[:6]}", "tiny", {}, 8)
-    for step, (g, r, w) in enumerate(zip(generated, replayed, rewards)):
-        store.log_metrics(run_id, step, {M.RESPONSES: g, M.REPLAYED_SAMPLES: r, M.REWARD_MEAN: w,
-                                         M.FRESH_PASS1: w / 2, M.BUFFER_QUESTIONS: step * 2,
+    store.register_questions(run_id, [Question(uid=f"q{i}", messages=({"role": "user", "content": f"{i} {run_id}"},),
+                                               answer="1") for i in range(16)])
+    for step, ((fresh, exp, replayed), w) in enumerate(zip(plan, rewards)):
+        groups = [GroupResult(f"q{i}", [Rollout(f"q{i}", [1], [2 + j], [-0.1], f"{j}", False, step, reward=0.0)
+                                        for j in range(8 if i < fresh else 7)],
+                              is_replay=i >= fresh, replayed=int(i >= fresh)) for i in range(fresh + exp)]
+        store.apply_buffer_update(run_id, step, groups, group_size=8, collect=False, collect_min_k=1,
+                                  collect_max_k=7, retire=False, store_all=False)
+        store.log_metrics(run_id, step, {M.RESPONSES: 8 * fresh + 7 * exp, M.REPLAYED_SAMPLES: replayed,
+                                         M.REWARD_MEAN: w, M.FRESH_PASS1: w / 2, M.BUFFER_QUESTIONS: step * 2,
                                          M.BUFFER_TRAJECTORIES: step * 3, M.RETIRED_QUESTIONS: step})
     return run_id
 
 
 def test_rows_budget_and_files_match_the_stored_metrics(tmp_path):
     store = ExperienceStore(f"sqlite:///{tmp_path / 'e.db'}")
-    a = _child(store, [64, 64, 64], [0, 0, 0], [0.1, 0.2, 0.4])
-    b = _child(store, [64, 60, 61], [0, 4, 3], [0.1, 0.3, 0.5])
+    a = _child(store, [(8, 0, 0)] * 3, [0.1, 0.2, 0.4])
+    b = _child(store, [(8, 0, 0), (4, 4, 4), (5, 3, 2)], [0.1, 0.3, 0.5])  # one replay slot unfilled at step 2
     results = [report.arm_result(store, a, "on_policy", 0, 64, 45.3), report.arm_result(store, b, "exgrpo", 0, 64, 48.3)]
     ra, rb = results[0]["row"], results[1]["row"]
     assert ra["final_reward"] == 0.4 and math.isclose(ra["mean_reward"], 0.7 / 3) and ra["final_fresh_pass1"] == 0.2
     assert (rb["responses_generated"], rb["responses_per_step_min"], rb["responses_per_step_max"]) == (185, 60, 64)
-    assert rb["replayed"] == 7 and rb["slots_ok"] and ra["slots_ok"]
+    assert (rb["replayed"], rb["unfilled"], ra["unfilled"]) == (6, 1, 0) and rb["slots_ok"] and ra["slots_ok"]
     assert (rb["buffer_questions"], rb["buffer_trajectories"], rb["retired"]) == (4, 6, 2)
     assert results[1]["curves"]["responses_cumulative"] == [64, 124, 185]
-    report.check_budget(results)  # generated + replayed = 64 at every step
+    report.check_budget(results)  # 64 slots and generated = 64 - experiential at every step
 
     paths = report.write_report(results, tmp_path / "out", "t", {"notes": ["hello"], "preset": "tiny"})
     md = Path(paths["md"]).read_text()
-    assert "| exgrpo | 0 | 0.500 | 0.300 | 0.250 | — | 185 | 60 | 64 | 7 | 64 | yes | 4 | 6 | 2 | 48.3 |" in md
+    assert "| exgrpo | 0 | 0.500 | 0.300 | 0.250 | — | 185 | 60 | 64 | 6 | 1 | 64 | yes | 4 | 6 | 2 | 48.3 |" in md
     doc = json.loads(Path(paths["json"]).read_text())
     assert doc["rows"][0]["run_id"] == a and doc["curves"]["exgrpo/s0"]["rollout/reward_mean"] == [0.1, 0.3, 0.5]
     assert doc["rows"][0]["heldout_avg"] is None  # NaN -> null: standard JSON
@@ -135,17 +144,17 @@ def test_rows_budget_and_files_match_the_stored_metrics(tmp_path):
     for kind in ("png_reward", "png_buffer", "png_retired"):
         assert Path(paths[kind]).read_bytes()[:4] == b"\x89PNG"
 
-    c = _child(store, [64, 60], [0, 3], [0.0, 0.0])  # one replayed slot went missing at step 1
+    c = _child(store, [(8, 0, 0), (4, 3, 3)], [0.0, 0.0])  # a step of 7 questions: 56 slots
     bad = report.arm_result(store, c, "rho_0.75", 1, 64, None)
     assert not bad["row"]["slots_ok"]
-    with pytest.raises(report.BudgetError, match=r"\('rho_0.75', 1, 1, 63.0\)"):
+    with pytest.raises(report.BudgetError, match=r"\('rho_0.75', 1, 1, 56, 3, 53.0, 3.0\)"):
         report.check_budget([*results, bad])
     store.close()
 
 
 def test_mean_rows_average_each_arm_over_seeds(tmp_path):
     store = ExperienceStore(f"sqlite:///{tmp_path / 'e.db'}")
-    results = [report.arm_result(store, _child(store, [64], [0], [w]), "exgrpo", s, 64, 48.3)
+    results = [report.arm_result(store, _child(store, [(8, 0, 0)], [w]), "exgrpo", s, 64, 48.3)
                for s, w in ((0, 0.2), (1, 0.6))]
     (mean,) = report.mean_rows([r["row"] for r in results])
     assert mean["seed"] == "mean" and math.isclose(mean["final_reward"], 0.4) and mean["responses_generated"] == 64
@@ -156,7 +165,7 @@ def test_mean_rows_average_each_arm_over_seeds(tmp_path):
 
 def test_held_out_columns_come_from_the_latest_stored_evaluation(tmp_path):
     store = ExperienceStore(f"sqlite:///{tmp_path / 'e.db'}")
-    run = _child(store, [64], [0], [0.5])
+    run = _child(store, [(8, 0, 0)], [0.5])
     store.save_eval(run, 0, "arith", {"pass@1": 0.1}, 4)
     store.save_eval(run, 5, "arith", {"pass@1": 0.25}, 4)
     store.save_eval(run, 5, "gsm8k", {"pass@1": 0.75}, 4)
