@@ -62,11 +62,16 @@ class Clock:
         return wrapper
 
 
-def instrument(clock: Clock, flows_train, tracking, store_cls, session_cls) -> None:
-    """Wrap the flow's tasks (outside and inside), MLflow logging, store calls and checkpoints."""
+def instrument(clock: Clock, flows_train, tracking, store_cls, session_cls, plain: bool) -> None:
+    """Wrap the flow's tasks (outside and inside), MLflow logging, store calls and checkpoints.
+
+    plain: call each task's function directly instead of through Prefect (the flow run stays), the
+    bound on what fewer tasks per iteration could save.
+    """
     for name in TASKS:
         task = getattr(flows_train, name)
         task.fn = clock.timed("inside_tasks", task.fn)
+        task = task.fn if plain else task
 
         def outer(*a, __task=task, __name=name, **kw):
             if __name == TASKS[0]:
@@ -103,6 +108,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="tiny")
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--tasks", choices=["prefect", "plain"], default="prefect",
+                    help="plain: stage functions called directly inside the flow (no Prefect tasks)")
     ap.add_argument("--tag", default="", help="suffix of the results file")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides")
     args = ap.parse_args()
@@ -116,7 +123,7 @@ def main() -> None:
     from flows import tracking
 
     clock = Clock()
-    instrument(clock, flows_train, tracking, ExperienceStore, Session)
+    instrument(clock, flows_train, tracking, ExperienceStore, Session, plain=args.tasks == "plain")
     out_dir = Path(tempfile.mkdtemp(prefix="exgrpo-orch-"))
     cfg = load_config(args.config, [f"run.output_dir={out_dir}", f"run.steps={args.steps}",
                                     "run.checkpoint_every=0", "run.resume=never", *args.set])
@@ -129,8 +136,9 @@ def main() -> None:
     for k in ("wall", "prefect", "mlflow", "db_writes", "overhead", "db_experience", "db_reads", "checkpoint"):
         print(f"{k:<14} {med[k]:>9.4f} {med[k] / med['wall']:>7.1%}")
     print(f"{'overhead share (median of per-step shares)':<44} {med['overhead_share']:.1%}")
-    name = f"orchestration_overhead_{args.config}{'_' + args.tag if args.tag else ''}.json"
-    save_result(name, {"preset": args.config, "overrides": args.set, "steps": args.steps,
+    tag = "_".join(t for t in (args.tasks if args.tasks == "plain" else "", args.tag) if t)
+    name = f"orchestration_overhead_{args.config}{'_' + tag if tag else ''}.json"
+    save_result(name, {"preset": args.config, "overrides": args.set, "steps": args.steps, "tasks": args.tasks,
                        "median_seconds": med, "per_step": rows})
 
 

@@ -96,6 +96,10 @@ class RolloutConfig(_Section):
     """Responses stop here and are flagged truncated (paper: 8192)."""
     generation_batch_size: int = Field(default=64, ge=1)
     """Sequences generated per `generate` call."""
+    rescore: Literal["auto", "always"] = "auto"
+    """Trainer forward over fresh rollouts for behaviour log-probs and H(o). `always`: as verl / the
+    authors' code. `auto`: skipped when the sampler's numbers already are the trainer's (transformers
+    engine, same weights, top_p = 1, no mixed precision: they differ only by float rounding)."""
     vllm_gpu_memory_utilization: float = Field(default=0.4, gt=0, lt=1)
     """(vllm) Share of each GPU the colocated engine may take (weights + KV cache)."""
     vllm_tensor_parallel_size: int = Field(default=1, ge=1)

@@ -20,6 +20,7 @@ from exgrpo_core import engine_sync, losses, metrics as M, policy, selection
 from exgrpo_core.advantages import compute_group_advantages
 from exgrpo_core.batch import collate
 from exgrpo_core.optimise import optimise
+from exgrpo_core.rollout import TransformersEngine
 from exgrpo_core.session import Session
 from exgrpo_core.types import GroupResult, Rollout
 
@@ -50,12 +51,14 @@ def plan_batch(s: Session) -> BatchPlan:
 
 
 def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
-    """Sample K (fresh) or K-1 (experiential) responses, then score them with the trainer."""
+    """Sample K (fresh) or K-1 (experiential) responses, then score them with the trainer when
+    the sampler's numbers are not already the trainer's (`needs_rescore`; the log-prob gap is then 0)."""
     t0 = time.perf_counter()
     K, cfg = s.cfg.rollout.group_size, s.cfg.rollout
     uids = plan.fresh + plan.replay
     counts = [K] * len(plan.fresh) + [K - 1] * len(plan.replay)
     rollouts: list[Rollout] = []
+    entropies: list[list[float]] = []
     for n in sorted(set(counts)):
         chosen = [u for u, c in zip(uids, counts) if c == n]
         gens = s.engine.generate([s.prompt_ids(u) for u in chosen], n, temperature=cfg.temperature,
@@ -63,8 +66,13 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
         for uid, group in zip(chosen, gens):
             rollouts += [Rollout(uid, s.prompt_ids(uid), g.response_ids, g.logprobs, g.text, g.truncated, plan.step)
                          for g in group]
+            entropies += [g.entropies for g in group]
     sampler_logp = [r.behaviour_logprobs for r in rollouts]
-    score_rollouts(s, rollouts)
+    if needs_rescore(s):
+        score_rollouts(s, rollouts)
+    else:  # the sampler's log-probs and entropies are the trainer's: H(o) is their response mean
+        for r, ent in zip(rollouts, entropies):
+            r.entropy = float(sum(ent) / len(ent)) if ent else 0.0
     gap = [abs(a - b) for r, sl in zip(rollouts, sampler_logp) for a, b in zip(r.behaviour_logprobs, sl)]
     tokens = sum(len(r.response_ids) for r in rollouts)
     dt = time.perf_counter() - t0
@@ -73,6 +81,18 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
         M.RESPONSE_LENGTH: tokens / max(len(rollouts), 1),
         M.TRUNCATION_RATE: sum(r.truncated for r in rollouts) / max(len(rollouts), 1),
         M.FRESH_ENTROPY: _mean([r.entropy for r in rollouts]), M.SAMPLER_TRAINER_GAP: _mean(gap)}
+
+
+def needs_rescore(s: Session) -> bool:
+    """Whether fresh rollouts need the trainer's scoring forward (`rollout.rescore`, see its doc).
+
+    With the transformers engine at top_p = 1 and no mixed precision, the sampler's processed scores
+    are the trainer's logits / temperature from the same weights, so its log-probs and entropies are
+    the trainer's up to float rounding (KV cache, padding side); TRL skips this pass the same way.
+    """
+    cfg = s.cfg.rollout
+    return (cfg.rescore == "always" or not isinstance(s.engine, TransformersEngine) or cfg.top_p < 1
+            or getattr(s.accelerator, "mixed_precision", "no") != "no")
 
 
 @torch.no_grad()
@@ -90,7 +110,7 @@ def score_rollouts(s: Session, rollouts: list[Rollout], entropy_kind: str = "mea
     logp, ent = policy.token_logprobs_and_entropy(
         s.model, batch.input_ids.to(s.accelerator.device), batch.attention_mask.to(s.accelerator.device),
         micro_batch_size=2 * s.cfg.train.micro_batch_size, with_entropy=entropy_kind == "mean",
-        temperature=s.cfg.rollout.temperature)
+        temperature=s.cfg.rollout.temperature, score_mask=batch.response_mask)
     s.model.train(was_training)
     mask = batch.response_mask.to(logp.device)
     h = policy.trajectory_entropy(ent, mask) if entropy_kind == "mean" else policy.trajectory_nll(logp, mask)

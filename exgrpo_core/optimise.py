@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from exgrpo_core import losses, policy
-from exgrpo_core.batch import minibatch_rows, select_rows
+from exgrpo_core.batch import micro_batch_rows, minibatch_rows, select_rows
 from exgrpo_core.types import TrainBatch
 
 
@@ -34,8 +34,8 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
         denom = (losses.token_mean_denominator(mini.response_mask) if aggregation == "token_mean"
                  else losses.seq_sum_norm_denominator(len(rows), max_response_len))
         optimizer.zero_grad(set_to_none=True)
-        for start in range(0, len(rows), micro_batch_size):
-            micro = select_rows(mini, list(range(start, min(start + micro_batch_size, len(rows)))))
+        for micro_rows in micro_batch_rows(mini, micro_batch_size):
+            micro = select_rows(mini, micro_rows)
             loss, stats = _micro_loss(model, micro, denom, onpolicy_term, replay_term,
                                       entropy_coef, kl_coef, ref_model, micro_batch_size, temperature)
             accelerator.backward(loss)

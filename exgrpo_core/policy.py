@@ -132,18 +132,26 @@ def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: t
     if score_mask is not None and tuple(score_mask.shape) != tuple(input_ids.shape):
         raise PolicyInputError(f"score_mask must be [N, L] = {tuple(input_ids.shape)}, got {tuple(score_mask.shape)}")
     device = next(model.parameters()).device
+    n = input_ids.shape[0]
+    if n == 0:
+        empty = torch.zeros(0, input_ids.shape[1], device=device)
+        return empty, (empty.clone() if with_entropy else None)
+    # rows of similar length share a forward, so less padding is computed; outputs keep the input order
+    order = torch.argsort(attention_mask.sum(-1), stable=True) if n > micro_batch_size else torch.arange(n)
     logps, ents = [], []
-    for start in range(0, input_ids.shape[0], micro_batch_size):
-        rows = slice(start, start + micro_batch_size)
+    for start in range(0, n, micro_batch_size):
+        rows = order[start:start + micro_batch_size]
         want = score_mask[rows].to(device) if score_mask is not None else None
         lp, h = _micro_forward(model, input_ids[rows].to(device), attention_mask[rows].to(device),
                                with_entropy, temperature, chunk_positions, want)
         logps.append(lp)
         ents.append(h)
-    if not logps:
-        empty = torch.zeros(0, input_ids.shape[1], device=device)
-        return empty, (empty.clone() if with_entropy else None)
-    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+    back = torch.argsort(order).to(device)  # [N]: position of each input row in the sorted output
+
+    def restore(parts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(parts).index_select(0, back) if n > micro_batch_size else torch.cat(parts)
+
+    return restore(logps), (restore(ents) if with_entropy else None)
 
 
 def _response_mean(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -61,3 +61,18 @@ def test_a_step_changes_the_weights_and_reports_replay_tokens():
     assert stats["loss/skipped_steps"] == 0 and stats["loss/optimizer_steps"] == 1
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert stats["loss/replay_tokens"] == batch.response_mask[5].sum().item()
+
+
+def test_length_ordered_micro_batches_cover_every_row_once_and_change_nothing():
+    from exgrpo_core.batch import micro_batch_rows
+
+    model, batch = _setup(seed=3)
+    groups = micro_batch_rows(batch, 4)
+    assert sorted(r for g in groups for r in g) == list(range(6)) and [len(g) for g in groups] == [4, 2]
+    lengths = batch.attention_mask.sum(-1).tolist()
+    assert max(lengths[r] for r in groups[0]) <= min(lengths[r] for r in groups[1])
+    a, b = copy.deepcopy(model), copy.deepcopy(model)
+    sa, sb = _step(a, batch, micro=6), _step(b, batch, micro=4)
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5, msg=name)
+    assert abs(sa["loss/total"] - sb["loss/total"]) < 1e-6

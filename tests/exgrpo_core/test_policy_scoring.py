@@ -101,3 +101,12 @@ def test_score_mask_of_the_wrong_shape_is_a_named_error(llama):
     ids, am, resp = _batch([3], [2], 6)
     with pytest.raises(PolicyInputError, match="score_mask"):
         token_logprobs_and_entropy(llama, ids, am, micro_batch_size=1, score_mask=resp[:, :4])
+
+
+def test_rows_are_scored_in_length_order_but_returned_in_input_order(llama):
+    ids, am, resp = _batch([6, 2, 5, 3, 4], [3, 1, 4, 2, 0], 10, seed=6)
+    with torch.no_grad():
+        together = token_logprobs_and_entropy(llama, ids, am, micro_batch_size=5, score_mask=resp)
+        sorted_in_pairs = token_logprobs_and_entropy(llama, ids, am, micro_batch_size=2, score_mask=resp)
+    for a, b in zip(together, sorted_in_pairs):
+        assert_close(a, b, atol=2e-5, rtol=1e-5)
