@@ -152,6 +152,7 @@ def _check_database(url: str, run_name: str) -> str:
                 assert count("eval_results") > 0
         with engine.connect() as c:
             c.execute(sa.text("SET default_transaction_read_only = off"))
+            c.commit()  # the next transaction is read-write: only the missing privilege stops the DELETE
             with pytest.raises(sa.exc.ProgrammingError, match="permission denied"):
                 c.execute(sa.text("DELETE FROM trajectories WHERE run_id = :r"), {"r": run_id})
     finally:
