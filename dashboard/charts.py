@@ -51,7 +51,7 @@ def histogram(bins: pd.DataFrame, title: str) -> alt.Chart:
     return alt.Chart(bins, title=title).mark_bar(opacity=0.55, binSpacing=0).encode(
         x=alt.X("start:Q", title="trajectory entropy H(o) (nats)", bin=alt.Bin(binned=True)), x2="end:Q",
         y=alt.Y("density:Q", title="density", stack=None),
-        color=alt.Color("group:N", title=None),
+        color=alt.Color("group:N", title=None, scale=alt.Scale(scheme="tableau10")),
         tooltip=["group:N", alt.Tooltip("entropy:Q", format=".3f"), "n:Q", alt.Tooltip("density:Q", format=".3f")],
     ).properties(height=HEIGHT)
 
@@ -61,7 +61,7 @@ def violins(bins: pd.DataFrame, title: str, group_title: str) -> alt.Chart:
     return alt.Chart(bins).mark_area(orient="horizontal", interpolate="step").encode(
         y=alt.Y("entropy:Q", title="trajectory entropy H(o) (nats)"),
         x=alt.X("density:Q", stack="center", axis=None),
-        color=alt.Color("group:N", legend=None),
+        color=alt.Color("group:N", legend=None, scale=alt.Scale(scheme="tableau10")),
         column=alt.Column("group:N", title=group_title, header=alt.Header(labelOrient="bottom")),
         tooltip=["group:N", alt.Tooltip("entropy:Q", format=".3f"), "n:Q"],
     ).properties(width=70, height=HEIGHT, title=title).configure_facet(spacing=4)

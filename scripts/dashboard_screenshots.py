@@ -27,8 +27,9 @@ PAGES = {
     "buffer": ["Buffer", "pool questions", "questions per bucket k", "Importance weights"],
     "entropy": ["Entropy", "Correct vs incorrect", "Fresh vs replayed", "By bucket"],
     "experience": ["Experience browser", "questions match", "stored trajectories"],
-    "results": ["Results", "Benchmarks", "Training curves", "MLflow runs side by side"],
+    "results": ["Results", "Benchmarks", "Training curves", "MLflow runs side by side", "Final logged value"],
 }
+DEFAULT_PAGE = "runs"
 
 
 def free_port() -> int:
@@ -91,13 +92,16 @@ def open_page(driver, base_url: str, page: str, run_id: str | None, timeout: flo
     """Load a page, wait until the script finished and every expected text is shown; returns the text."""
     from selenium.webdriver.common.by import By
 
-    driver.get(f"{base_url}/{page}" + (f"?run={run_id}" if run_id else ""))
+    path = "" if page == DEFAULT_PAGE else page  # the default page lives at the root URL
+    driver.get(f"{base_url}/{path}" + (f"?run={run_id}" if run_id else ""))
     deadline, text = time.time() + timeout, ""
     while time.time() < deadline:
         time.sleep(1)
         running = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stStatusWidget"], [data-testid="stSpinner"]')
         text = page_text(driver)
-        if not running and all(t in text for t in PAGES[page]):
+        if "Page not found" in text:
+            raise AssertionError(f"{page}: Streamlit says the page does not exist")
+        if not running and "loading..." not in text and all(t in text for t in PAGES[page]):
             charts = driver.find_elements(By.CSS_SELECTOR, ".vega-embed")
             drawn = driver.find_elements(By.CSS_SELECTOR, ".vega-embed svg, .vega-embed canvas")
             if len(drawn) >= len(charts):

@@ -54,7 +54,9 @@ def render() -> None:
                      width="stretch")
 
     st.subheader("Importance weights of replayed tokens")
-    weights = m[m.key.isin(WEIGHTS)].dropna(subset=["value"]).assign(series=lambda d: d.key.map(WEIGHTS))
+    replayed_steps = m.loc[(m.key == M.REPLAYED_SAMPLES) & (m.value > 0), "step"]
+    weights = m[m.key.isin(WEIGHTS) & m.step.isin(replayed_steps)].dropna(subset=["value"])
+    weights = weights.assign(series=weights.key.map(WEIGHTS))  # only steps that trained on replayed tokens
     if weights.empty:
         st.info("No replayed tokens were trained on yet, so there are no importance weights "
                 "w = π_θ / π_behaviour to show.")

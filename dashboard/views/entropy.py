@@ -57,8 +57,8 @@ def render() -> None:
     replays = ui.replay_entropy_by_step(url, run.id)
     fresh = ui.metric_series(url, (run.id,), (M.FRESH_ENTROPY,))
     curves = pd.concat([
-        replays.rename(columns={"mean_entropy": "value"}).assign(series="replayed (selected, lowest H)"),
-        fresh.assign(series="fresh rollouts (mean)")], ignore_index=True)[["step", "value", "series"]]
+        replays.rename(columns={"mean_entropy": "value"}).assign(series="replayed (lowest H)"),
+        fresh.assign(series="fresh (mean)")], ignore_index=True)[["step", "value", "series"]]
     start = None if pd.isna(run.replay_started_step) else int(run.replay_started_step)
     st.altair_chart(charts.lines(curves.dropna(), "value", "series", "mean entropy per step", "H (nats)", start),
                     width="stretch")
