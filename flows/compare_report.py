@@ -147,12 +147,15 @@ def plot(results: list[dict], out_dir: Path, name: str) -> dict[str, str]:
     specs = {"reward": ("responses_cumulative", M.REWARD_MEAN, "responses generated", "training reward"),
              "buffer": ("step", M.BUFFER_QUESTIONS, "step", "buffer questions"),
              "retired": ("step", M.RETIRED_QUESTIONS, "step", "retired questions")}
+    arms = list(dict.fromkeys(r["row"]["arm"] for r in results))
+    seeds = list(dict.fromkeys(r["row"]["seed"] for r in results))
     paths = {}
     for kind, (x, y, xlabel, ylabel) in specs.items():
         fig, ax = plt.subplots(figsize=(7, 4))
-        for r in results:
-            c = r["curves"]
-            ax.plot(c[x], c[y], label=f"{r['row']['arm']} s{r['row']['seed']}", linewidth=1.2)
+        for r in results:  # colour = arm, line style = seed
+            c, arm, seed = r["curves"], r["row"]["arm"], r["row"]["seed"]
+            ax.plot(c[x], c[y], label=f"{arm} s{seed}", linewidth=1.2, color=plt.cm.tab10(arms.index(arm) % 10),
+                    linestyle=("-", "--", ":", "-.")[seeds.index(seed) % 4])
         ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{name}: {ylabel}")
         ax.legend(fontsize=7, ncol=2)
         ax.grid(alpha=0.3)
