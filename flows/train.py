@@ -84,6 +84,12 @@ def train(preset: str = "tiny", overrides: list[str] | None = None,
 
     `config`, when given, is used as is (preset and overrides are ignored). `parent_mlflow_run_id`
     nests this run's MLflow run under a comparison's parent run.
+
+    Args:
+        preset: A preset in configs/ (tiny, cpu-demo, paper) or a path to a YAML file.
+        overrides: dotted.key=value strings applied to the preset, e.g. run.steps=20.
+        config: The whole config tree; when set, preset and overrides are ignored.
+        parent_mlflow_run_id: MLflow run to nest this run under (set by the compare flow).
     """
     cfg = config or load_config(preset, overrides or [])
     check_server(resolve_tracking_uri(cfg))  # a dead MLflow server fails before any work is done

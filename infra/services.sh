@@ -127,7 +127,7 @@ case "$cmd" in
     esac
     ;;
   down)
-    proc_stop worker; proc_stop prefect; proc_stop mlflow
+    proc_stop worker & proc_stop prefect & proc_stop mlflow & wait  # each may take up to 20 s
     echo "PostgreSQL stays up (shared cluster); '$0 drop --yes' removes this prefix's databases"
     ;;
   status)

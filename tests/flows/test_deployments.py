@@ -85,6 +85,8 @@ def test_train_config_form_is_the_documented_config_tree():
         for field, spec in sub.get("properties", {}).items():
             # field docstrings become the form's help text
             assert spec.get("description"), f"config.{section}.{field} has no description in the form"
+    for name in ("preset", "overrides", "config"):  # from the flow docstring's Args: section
+        assert schema["properties"][name].get("description"), f"train parameter {name} has no help text"
     group = _resolve(schema, root["properties"]["rollout"])["properties"]["group_size"]
     assert "K responses per question" in group["description"] and group["default"] == 8
     resume = _resolve(schema, root["properties"]["run"])["properties"]["resume"]
