@@ -1,6 +1,7 @@
 # Background processes of services.sh: start in their own process group, pid and log files under
 # $EXGRPO_STATE_DIR, wait for a health URL, stop the whole group. Sourced after config.sh.
 
+LAUNCHED=()  # what this invocation started
 _pidfile() { echo "$EXGRPO_STATE_DIR/$1.pid"; }
 _logfile() { echo "$EXGRPO_STATE_DIR/$1.log"; }
 
@@ -26,6 +27,15 @@ proc_launch() {  # proc_launch NAME HEALTH_URL|- COMMAND...: start in the backgr
   fi
   setsid "$@" >"$(_logfile "$name")" 2>&1 < /dev/null &
   echo "$!" > "$(_pidfile "$name")"
+  LAUNCHED+=("$name")
+}
+
+stop_launched_on_failure() {  # EXIT trap of `up`: a failed start leaves no half-started set behind
+  local rc=$? name
+  if (( rc != 0 )); then
+    for name in "${LAUNCHED[@]}"; do proc_stop "$name" >&2; done
+  fi
+  return $rc
 }
 
 proc_wait() {  # proc_wait NAME HEALTH_URL|-: until healthy; on failure show the log and stop it

@@ -105,6 +105,7 @@ check_settings
 case "$cmd" in
   up)
     mkdir -p "$EXGRPO_STATE_DIR"
+    trap stop_launched_on_failure EXIT
     pg_ensure_running
     pg_setup
     pg_migrate
