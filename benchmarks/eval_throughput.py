@@ -1,0 +1,87 @@
+"""Evaluation throughput (questions/s, samples/s, generated tokens/s) of `evaluation.evaluate_items`.
+
+    python benchmarks/eval_throughput.py --config cpu-demo --suite bundled:arith-easy-test --max-questions 32
+    python benchmarks/eval_throughput.py --config cpu-demo --suite gsm8k --max-questions 16 --set eval.max_response_tokens=256
+
+Runs the library directly (no Prefect / MLflow), with the preset's eval settings; the first
+generate call is a warm-up on one question and is not counted. Writes results/eval_throughput_*.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from exgrpo_core import evaluation as E, models
+from exgrpo_core.config_io import load_config
+from exgrpo_core.rewards import MathVerifier
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from flows.eval_tasks import generation_args  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="cpu-demo")
+    p.add_argument("--set", action="append", default=[])
+    p.add_argument("--suite", default="bundled:arith-easy-test")
+    p.add_argument("--max-questions", type=int, default=32, help="distinct questions per benchmark")
+    p.add_argument("--tag", default=None, help="suffix of the results file (default: config + suite)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = load_config(args.config, args.set + [f"eval.max_questions={args.max_questions}"])
+    items = E.load_suite(args.suite, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
+                         system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction,
+                         max_questions=args.max_questions)
+    model, tok = models.load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype,
+                                    tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    gen = generation_args(cfg)
+    pass_k = gen.pop("pass_k")
+    with MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers) as v:
+        E.generate_and_grade(model, tok, items[:1], v.verify, **gen)  # warm-up
+        t0 = time.perf_counter()
+        report = E.evaluate_items(model, tok, items, v.verify, pass_k=pass_k, **gen, progress=lambda d, n: print(
+            f"  {d}/{n} questions, {time.perf_counter() - t0:.1f} s", flush=True))
+    samples = sum(r.n for r in report.questions)
+    tokens = sum(r.response_tokens for r in report.questions)
+    out = {
+        "command": "python " + shlex.join(sys.argv),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(),
+                    "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                    "load_average_1m_at_end": round(os.getloadavg()[0], 1)},  # shared machine: others' load
+        "model": cfg.model.name_or_path, "suite": args.suite, "settings": gen,
+        "questions": len(report.questions), "samples": samples, "generated_tokens": tokens,
+        "seconds": round(report.seconds, 2),
+        "questions_per_s": round(len(report.questions) / report.seconds, 3),
+        "samples_per_s": round(samples / report.seconds, 3),
+        "tokens_per_s": round(tokens / report.seconds, 1),
+        "scores": report.summary(),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    tag = args.tag or f"{args.config}_{args.suite.replace('bundled:', '').replace('/', '_')}"
+    path = RESULTS / f"eval_throughput_{tag}.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"{out['questions']} questions, {samples} samples, {tokens} tokens in {out['seconds']} s: "
+          f"{out['questions_per_s']} questions/s, {out['samples_per_s']} samples/s, {out['tokens_per_s']} tokens/s; "
+          f"average pass@1 {100 * report.average['pass@1']:.1f}% -> {path}")
+
+
+if __name__ == "__main__":
+    main()
