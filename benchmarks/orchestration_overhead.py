@@ -110,10 +110,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--tasks", choices=["prefect", "plain"], default="prefect",
                     help="plain: stage functions called directly inside the flow (no Prefect tasks)")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--tag", default="", help="suffix of the results file")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides")
     args = ap.parse_args()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")  # busy machines
 
     import flows.train as flows_train
     from bench_record import save_result
@@ -122,6 +124,10 @@ def main() -> None:
     from exgrpo_core.store import ExperienceStore
     from flows import tracking
 
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     clock = Clock()
     instrument(clock, flows_train, tracking, ExperienceStore, Session, plain=args.tasks == "plain")
     out_dir = Path(tempfile.mkdtemp(prefix="exgrpo-orch-"))
@@ -139,6 +145,7 @@ def main() -> None:
     tag = "_".join(t for t in (args.tasks if args.tasks == "plain" else "", args.tag) if t)
     name = f"orchestration_overhead_{args.config}{'_' + tag if tag else ''}.json"
     save_result(name, {"preset": args.config, "overrides": args.set, "steps": args.steps, "tasks": args.tasks,
+                       "threads": torch.get_num_threads(),
                        "median_seconds": med, "per_step": rows})
 
 
