@@ -183,3 +183,13 @@ def test_results_page_says_when_mlflow_cannot_be_read(dashboard_env, monkeypatch
     at = open_page("results")
     assert any(re.search("MLflow cannot be read.*no MLflow store", w.value) for w in at.warning)
     assert not at.exception
+
+
+def test_results_page_explains_a_run_without_evaluations(dashboard_env):
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.session_state["run_ids"] = [dashboard_env.ids["on-policy"]]
+    at.run()
+    at.switch_page("views/results.py").run()
+    assert not at.exception and not at.error
+    assert "No evaluation results for these runs yet" in shown_text(at)
+    assert charts(at) >= 2  # the training curves are still there
