@@ -155,7 +155,9 @@ def main() -> None:
               "date": date.today().isoformat(),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} (CPU only), "
                          f"shared with other jobs",
-              "note": "seconds per page load without Streamlit's cache; the dashboard caches each query for 10 s",
+              "note": "seconds per page load without Streamlit's cache (the dashboard caches each query for 10 s); "
+                      "cold = first call in this process, files may sit in the OS cache after the fill; the machine "
+                      "ran other jobs meanwhile (load 10-20 on 2 cores), so read ratios more than absolute times",
               "results": rows}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -91,7 +91,9 @@ def buffer_now(url: str, run_id: str) -> pd.DataFrame:
 # ---- entropy ----------------------------------------------------------------------------------------
 def step_bounds(url: str, run_id: str) -> tuple[int, int] | None:
     """(first, last) policy step of the run's stored trajectories, or None when it has none."""
-    stmt = select(func.min(Trajectory.step), func.max(Trajectory.step)).where(Trajectory.run_id == run_id)
+    mine = Trajectory.run_id == run_id  # two subqueries: each is one index probe, a joint min/max scans the run
+    stmt = select(select(func.min(Trajectory.step)).where(mine).scalar_subquery(),
+                  select(func.max(Trajectory.step)).where(mine).scalar_subquery())
     with reading(url, "trajectory steps") as conn:
         row = conn.execute(stmt).one() if conn is not None else (None, None)
     return None if row[0] is None else (int(row[0]), int(row[1]))
@@ -149,34 +151,45 @@ def replay_entropy_by_step(url: str, run_id: str) -> pd.DataFrame:
 
 
 # ---- experience browser -----------------------------------------------------------------------------
+ORDERS = {"replayed": [("times_replayed", True), ("uid", False)], "uid": [("uid", False)],
+          "latest step": [("last_step", True), ("uid", False)], "bucket": [("latest_k", False), ("uid", False)]}
+
+
+def _sorted_by(columns, order: str) -> list:
+    return [columns[c].desc() if descending else columns[c] for c, descending in ORDERS[order]]
+
+
 def search_questions(url: str, run_id: str, *, bucket: int | None = None, retired: bool | None = None,
                      min_replayed: int = 0, text: str = "", order: str = "replayed",
                      offset: int = 0, limit: int = PAGE_SIZE) -> tuple[pd.DataFrame, int]:
-    """One page of the run's questions matching the filters, and how many match in total."""
+    """One page of the run's questions matching the filters, and how many match in total.
+
+    The question text is joined only for a text search and for the page's own rows, so paging
+    through a run's 50k question states never joins them all.
+    """
     qs, q = QuestionState, QuestionRow
     where = [qs.run_id == run_id, qs.times_replayed >= min_replayed]
     if bucket is not None:
         where.append(qs.latest_k == bucket)
     if retired is not None:
         where.append(qs.retired.is_(retired))
+    matching = select(qs.__table__).where(*where)
     if text.strip():
         pattern = f"%{text.strip()}%"
-        where.append(or_(q.text.ilike(pattern), qs.uid.ilike(pattern)))
-    orders = {"replayed": [qs.times_replayed.desc(), qs.uid], "uid": [qs.uid],
-              "latest step": [qs.last_step.desc(), qs.uid], "bucket": [qs.latest_k, qs.uid]}
-    if order not in orders:
-        raise DashboardError(f"unknown order {order!r}: use one of {sorted(orders)}")
-    cols = ["question_id", "uid", "latest_k", "n_groups", "last_step", "retired", "times_replayed", "pool_size",
-            "text", "answer"]
-    page = (select(qs.question_id, qs.uid, qs.latest_k, qs.n_groups, qs.last_step, qs.retired, qs.times_replayed,
-                   qs.pool_size, q.text, q.answer)
-            .join(q, q.id == qs.question_id).where(*where).order_by(*orders[order]).limit(limit).offset(offset))
-    total = select(func.count()).select_from(qs).join(q, q.id == qs.question_id).where(*where)
+        matching = matching.join(q, q.id == qs.question_id).where(or_(q.text.ilike(pattern), qs.uid.ilike(pattern)))
+    if order not in ORDERS:
+        raise DashboardError(f"unknown order {order!r}: use one of {sorted(ORDERS)}")
+    state_cols = ["question_id", "uid", "latest_k", "n_groups", "last_step", "retired", "times_replayed",
+                  "pool_size"]
+    rows = matching.order_by(*_sorted_by(qs.__table__.c, order)).limit(limit).offset(offset).subquery()
+    page = (select(*(rows.c[c] for c in state_cols), q.text, q.answer).join(q, q.id == rows.c.question_id)
+            .order_by(*_sorted_by(rows.c, order)))
+    total = select(func.count()).select_from(matching.subquery())
     with reading(url, "questions") as conn:
-        rows = _frame(conn, page, cols)
+        out = _frame(conn, page, state_cols + ["text", "answer"])
         n = int(conn.execute(total).scalar_one()) if conn is not None else 0
-    rows["retired"] = rows["retired"].astype(bool)
-    return rows, n
+    out["retired"] = out["retired"].astype(bool)
+    return out, n
 
 
 def question_groups(url: str, run_id: str, question_id: int) -> pd.DataFrame:

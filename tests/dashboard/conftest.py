@@ -1,8 +1,8 @@
 """One real tiny training session for the dashboard tests: two runs in one SQLite database and MLflow store.
 
 `exgrpo` trains 8 steps with replay on from the start and evaluates every 4 steps and at the end;
-`on-policy` trains 5 steps with replay_ratio = 0 and a start threshold no step can pass (replay never on). Both go through the
-Prefect training flow (session server from tests/conftest.py) in one subprocess.
+`on-policy` trains 5 steps with replay_ratio = 0 and a start threshold no step can pass (replay never
+on). Both go through the Prefect training flow (session server from tests/conftest.py) in one subprocess.
 """
 
 from __future__ import annotations

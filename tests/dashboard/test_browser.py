@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def _screenshots_module():
-    spec = importlib.util.spec_from_file_location("dashboard_screenshots", ROOT / "scripts" / "dashboard_screenshots.py")
+    path = ROOT / "scripts" / "dashboard_screenshots.py"
+    spec = importlib.util.spec_from_file_location("dashboard_screenshots", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
