@@ -95,8 +95,8 @@ def per_step(clock: Clock) -> list[dict[str, float]]:
     out = []
     for i, row in enumerate(clock.rows):
         stop = clock.starts[i + 1] if i + 1 < len(clock.starts) else clock.end
+        prefect = stop - clock.starts[i] - row["inside_tasks"]  # the checkpoint runs inside log_step
         wall = stop - clock.starts[i] - row["checkpoint"]
-        prefect = wall - row["inside_tasks"]
         overhead = prefect + row["mlflow"] + row["db_writes"]
         out.append({"wall": wall, "prefect": prefect, "mlflow": row["mlflow"], "db_writes": row["db_writes"],
                     "db_experience": row["db_experience"], "db_reads": row["db_reads"],
