@@ -23,6 +23,25 @@ PG_URL = os.environ.get("EXGRPO_TEST_PG_URL", "postgresql+psycopg://postgres@127
 BACKENDS = [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)]
 
 
+def fresh_database(backend: str, tmp_path, prefix: str):
+    """Generator for a fixture: URL of a new SQLite file, or a new PostgreSQL database dropped afterwards."""
+    import psycopg
+    from sqlalchemy import make_url
+
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / (prefix + '.db')}"
+        return
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = make_url(PG_URL).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def backend_url(backend: str, tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'experience.db'}" if backend == "sqlite" else PG_URL
 

@@ -3,13 +3,11 @@ atomicity, bucket order independent of the database's collation."""
 
 from __future__ import annotations
 
-import uuid
 
-import psycopg
 import pytest
 from alembic import command
-from sqlalchemy import inspect, make_url
-from store_helpers import BACKENDS, PG_URL, dump_run, group, new_run, questions, rollout, store, update  # noqa: F401
+from sqlalchemy import inspect
+from store_helpers import BACKENDS, fresh_database, PG_URL, dump_run, group, new_run, questions, rollout, store, update  # noqa: F401
 
 from exgrpo_core.store import ExperienceStore, StoreError
 from exgrpo_core import store_engine
@@ -22,18 +20,7 @@ NEW_INDEXES = {"trajectories": "ix_trajectories_run_collected_step", "group_resu
 
 @pytest.fixture(params=BACKENDS)
 def empty_url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'old.db'}"
-        return
-    name = f"exgrpo_scale_{uuid.uuid4().hex[:12]}"
-    admin = make_url(PG_URL).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    yield from fresh_database(request.param, tmp_path, "exgrpo_scale")
 
 
 def test_upgrade_from_0001_keeps_every_row_and_adds_the_rollback_indexes(empty_url, monkeypatch):

@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 import uuid
 
-import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, insert, make_url, text
-from store_helpers import BACKENDS, PG_URL, dump_run, new_run, store  # noqa: F401
+from sqlalchemy import inspect, insert, text
+from store_helpers import BACKENDS, PG_URL, dump_run, new_run, store, fresh_database  # noqa: F401
 
 from exgrpo_core.store import ExperienceStore, StoreError, resolve_db_url
 from exgrpo_core.store_engine import head_revision
@@ -23,18 +22,7 @@ TABLES = {"runs", "questions", "question_states", "group_results", "trajectories
 @pytest.fixture(params=BACKENDS)
 def empty_db_url(request, tmp_path):
     """URL of an empty database: a new SQLite file, or a new PostgreSQL database dropped afterwards."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'fresh.db'}"
-        return
-    name = f"exgrpo_mig_{uuid.uuid4().hex[:12]}"
-    admin = make_url(PG_URL).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    yield from fresh_database(request.param, tmp_path, "exgrpo_mig")
 
 
 def test_empty_database_is_migrated_to_head_matching_the_models_and_reopen_is_idempotent(empty_db_url):

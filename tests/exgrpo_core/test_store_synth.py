@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import uuid
 from pathlib import Path
 
-import psycopg
 import pytest
-from sqlalchemy import func, make_url, select
-from store_helpers import BACKENDS, PG_URL, group, update
+from sqlalchemy import func, select
+from store_helpers import BACKENDS, fresh_database, group, update
 
 from exgrpo_core.store import ExperienceStore
 from exgrpo_core.store_models import GroupResultRow, QuestionState, Replay, StepMetric, Trajectory
@@ -24,18 +22,7 @@ _spec.loader.exec_module(synth_store)
 @pytest.fixture(params=BACKENDS)
 def fresh_url(request, tmp_path):
     """A new SQLite file, or a new PostgreSQL database dropped afterwards."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'synth.db'}"
-        return
-    name = f"exgrpo_synth_{uuid.uuid4().hex[:12]}"
-    admin = make_url(PG_URL).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    yield from fresh_database(request.param, tmp_path, "exgrpo_synth")
 
 
 def test_fill_stores_a_consistent_run_with_real_payloads_and_the_store_keeps_working(fresh_url):
