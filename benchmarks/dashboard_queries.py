@@ -20,7 +20,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from datetime import date
 from pathlib import Path
 
@@ -32,6 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from dashboard import db, queries as Q  # noqa: E402
 from exgrpo_core import metrics as M  # noqa: E402
+from exgrpo_core.store_engine import scratch_postgres_database  # noqa: E402
 from synth_store import fill  # noqa: E402
 
 PG_ADMIN = os.environ.get("EXGRPO_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -91,18 +91,14 @@ def _timed(fn) -> float:
 
 def _pg_database() -> tuple[str, callable]:
     """A fresh PostgreSQL database and the function that drops it."""
-    name = f"exgrpo_dash_bench_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    scratch = scratch_postgres_database(PG_ADMIN, "exgrpo_dash_bench")
+    url = scratch.__enter__()
 
     def drop() -> None:
         db.readonly_engine.cache_clear()
-        with admin.connect() as c:
-            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        scratch.__exit__(None, None, None)
 
-    return str(sa.engine.make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False)), drop
+    return url, drop
 
 
 def bench_one(backend: str, n: int, repeats: int, tmp: Path) -> dict:

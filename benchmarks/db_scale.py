@@ -45,6 +45,7 @@ import synth_store  # noqa: E402
 
 from exgrpo_core import selection  # noqa: E402
 from exgrpo_core.store import ExperienceStore  # noqa: E402
+from exgrpo_core.store_engine import scratch_postgres_database  # noqa: E402
 from exgrpo_core.types import GroupResult, Rollout  # noqa: E402
 
 PG_ADMIN = os.environ.get("EXGRPO_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -63,15 +64,8 @@ def fresh_database(backend: str):
             for suffix in ("", "-wal", "-shm"):
                 Path(f"{path}{suffix}").unlink(missing_ok=True)
         return
-    name = f"exgrpo_dbscale_{uuid.uuid4().hex[:10]}"
-    admin = make_url(PG_ADMIN).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_postgres_database(PG_ADMIN, "exgrpo_dbscale") as url:
+        yield url
 
 
 def make_group(rng: random.Random, uid: str, step: int, K: int, T: int, replay: bool, p: float) -> GroupResult:

@@ -29,7 +29,8 @@ class TransformersEngine:
         self.tokenizer = tokenizer
         self.top_p = top_p
         self.batch_size = batch_size
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_token_ids(
+            getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
     @torch.no_grad()
@@ -85,11 +86,10 @@ class TransformersEngine:
                           truncated=truncated, entropies=ent[:length].tolist())
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
-    """All ids that end a response: the generation config's EOS list plus the tokenizer's."""
+def eos_token_ids(generation_eos, tokenizer) -> list[int]:
+    """All ids that end a response: the model's generation-config EOS (an id or a list) plus the tokenizer's."""
     ids: list[int] = []
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for x in (gen_eos if isinstance(gen_eos, list) else [gen_eos]) + [tokenizer.eos_token_id]:
+    for x in (generation_eos if isinstance(generation_eos, list) else [generation_eos]) + [tokenizer.eos_token_id]:
         if x is not None and x not in ids:
             ids.append(int(x))
     if not ids:

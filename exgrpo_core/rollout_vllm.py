@@ -105,9 +105,10 @@ class VLLMEngine:
                        gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
                        max_model_len=max_model_len, enforce_eager=enforce_eager, enable_prefix_caching=True,
                        worker_extension_cls=f"{__name__}.WeightSyncExtension")
-        from exgrpo_core.rollout import _eos_ids
+        from exgrpo_core.rollout import eos_token_ids
 
-        self.eos_ids = _eos_ids(_GenCfgHolder(self.llm), tokenizer)
+        self.eos_ids = eos_token_ids(getattr(self.llm.llm_engine.model_config.hf_config, "eos_token_id", None),
+                                     tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
     def generate(self, prompts: list[list[int]], n: int, *, temperature: float,
@@ -141,14 +142,3 @@ class VLLMEngine:
         out = self.llm.generate([TokensPrompt(prompt_token_ids=list(token_ids))],
                                 SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0), use_tqdm=False)
         return prompt_logprobs_from_vllm(out[0], token_ids)
-
-
-class _GenCfgHolder:
-    """Gives `_eos_ids` the EOS list of the model vLLM loaded (its generation config)."""
-
-    def __init__(self, llm):
-        try:
-            eos = llm.llm_engine.model_config.hf_config.eos_token_id
-        except AttributeError:
-            eos = None
-        self.generation_config = type("G", (), {"eos_token_id": eos})()

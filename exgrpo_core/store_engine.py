@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -170,3 +171,21 @@ def upgrade_schema(engine: Engine) -> str:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
     return head
+
+
+@contextmanager
+def scratch_postgres_database(server_url: str, prefix: str) -> Iterator[str]:
+    """URL of a new, empty database on the PostgreSQL server of `server_url`, dropped on exit (tests,
+    benchmarks). Fails, never skips, when the server is unreachable."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(make_url(server_url), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        try:
+            yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()

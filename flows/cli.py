@@ -132,15 +132,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_args(sp, *, required: bool, config_help: str = "preset name (tiny, cpu-demo, paper) or YAML path",
+                 set_help: str = "override a config field, e.g. --set rollout.group_size=4 (repeatable)") -> None:
+    sp.add_argument("--config", required=required, default=None, help=config_help)
+    sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="exgrpo", description="ExGRPO training platform")
     sub = p.add_subparsers(dest="command", required=True)
     for name, fn, help_ in (("train", cmd_train, "run the Prefect training flow"),
                             ("config", cmd_config, "print the resolved config")):
         sp = sub.add_parser(name, help=help_)
-        sp.add_argument("--config", required=True, help="preset name (tiny, cpu-demo, paper) or YAML path")
-        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config field, e.g. --set rollout.group_size=4 (repeatable)")
+        _config_args(sp, required=True)
         sp.set_defaults(fn=fn)
     db = sub.add_parser("db", help="experience database")
     db.add_argument("action", choices=["upgrade"])
@@ -148,24 +152,22 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--run-dir", default="runs/exgrpo", help="where the default SQLite file lives")
     db.set_defaults(fn=cmd_db)
     da = sub.add_parser("dashboard", help="start the Streamlit dashboard on the runs' database and MLflow")
-    da.add_argument("--config", default=None, help="preset or YAML whose database / MLflow to show (as `train`)")
-    da.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    _config_args(da, required=False, config_help="preset or YAML whose database / MLflow to show (as `train`)")
     da.add_argument("--db-url", default=None, help="experience database URL (default: as training resolves it)")
     da.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI (default: as training resolves it)")
     da.add_argument("--port", type=int, default=8501)
     da.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 to share it)")
     da.set_defaults(fn=cmd_dashboard)
     cp = sub.add_parser("compare", help="on-policy GRPO vs ExGRPO and ablations as child runs (Prefect flow)")
-    cp.add_argument("--config", required=True, help="preset name (tiny, cpu-demo, paper) or YAML path")
-    cp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every arm")
+    _config_args(cp, required=True, set_help="override for every arm")
     cp.add_argument("--arms", default=None, help="comma-separated arms (default: all; see docs/comparison.md)")
     cp.add_argument("--seeds", default="0", help="comma-separated seeds, one child run per arm and seed")
     cp.add_argument("--name", default=None, help="comparison name (default compare-<config>); rerun to resume")
     cp.add_argument("--no-eval", action="store_true", help="skip the final held-out evaluation of each arm")
     cp.set_defaults(fn=cmd_compare)
     ev = sub.add_parser("evaluate", help="evaluate models / checkpoints / runs on benchmark suites (Prefect flow)")
-    ev.add_argument("--config", required=True, help="preset or YAML: eval settings, output_dir, database, MLflow")
-    ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    _config_args(ev, required=True, config_help="preset or YAML: eval settings, output_dir, database, MLflow",
+                 set_help="override a config field")
     ev.add_argument("--model", action="append", default=[], help="model name or path (default: model.name_or_path)")
     ev.add_argument("--checkpoint", action="append", default=[], help="checkpoint folder of a training run")
     ev.add_argument("--run", action="append", default=[], help="run name under run.output_dir: latest checkpoint")

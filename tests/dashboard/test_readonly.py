@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from dashboard import db, queries as Q
 from exgrpo_core import metrics as M
 from exgrpo_core.store import ExperienceStore
-from exgrpo_core.store_engine import write_transaction
+from exgrpo_core.store_engine import scratch_postgres_database, write_transaction
 from exgrpo_core.store_models import Run
 from exgrpo_core.types import Question
 
@@ -30,17 +30,11 @@ def url(request, tmp_path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'exp.db'}"
         return
-    name = f"exgrpo_dash_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(sa.make_url(PG_URL).set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:  # fails (never skips) when the server is down
-        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield sa.make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        db.readonly_engine.cache_clear()  # close the dashboard's pooled connections before the drop
-        with admin.connect() as c:
-            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_postgres_database(PG_URL, "exgrpo_dash") as u:  # fails (never skips) when the server is down
+        try:
+            yield u
+        finally:
+            db.readonly_engine.cache_clear()  # close the dashboard's pooled connections before the drop
 
 
 def _started(url: str) -> tuple[ExperienceStore, str]:

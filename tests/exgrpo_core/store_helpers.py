@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import select
 
 from exgrpo_core.store import ExperienceStore, StoreError
+from exgrpo_core.store_engine import scratch_postgres_database
 from exgrpo_core.store_models import (EvalResult, GroupResultRow, QuestionState, Replay, Run, StepMetric,
                                       Trajectory)
 from exgrpo_core.types import GroupResult, Question, Rollout
@@ -25,21 +26,11 @@ BACKENDS = [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="po
 
 def fresh_database(backend: str, tmp_path, prefix: str):
     """Generator for a fixture: URL of a new SQLite file, or a new PostgreSQL database dropped afterwards."""
-    import psycopg
-    from sqlalchemy import make_url
-
     if backend == "sqlite":
         yield f"sqlite:///{tmp_path / (prefix + '.db')}"
         return
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    admin = make_url(PG_URL).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_postgres_database(PG_URL, prefix) as url:
+        yield url
 
 
 def backend_url(backend: str, tmp_path) -> str:

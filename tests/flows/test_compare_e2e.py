@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
+from e2e_helpers import sqlite_rows as _rows
 
 from exgrpo_core import metrics as M
 
@@ -30,14 +30,6 @@ def _compare(tiny_overrides, name: str) -> str:
                           cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return proc.stdout
-
-
-def _rows(db: Path, sql: str, **params):
-    eng = sa.create_engine(f"sqlite:///{db}")
-    with eng.connect() as c:
-        rows = c.execute(sa.text(sql), params).all()
-    eng.dispose()
-    return rows
 
 
 def test_compare_two_arms_nested_runs_equal_budget_and_table(tmp_path, prefect_server, tiny_overrides):

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from e2e_helpers import sqlite_rows as _rows
 import sqlalchemy as sa
 import torch
 
@@ -37,14 +38,6 @@ def _run_cli(args, timeout=600):
     out, _ = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, out[-4000:]
     return out
-
-
-def _rows(db: Path, sql: str, **params):
-    eng = sa.create_engine(f"sqlite:///{db}")
-    with eng.connect() as c:
-        rows = c.execute(sa.text(sql), params).all()
-    eng.dispose()
-    return rows
 
 
 def test_tiny_training_run_end_to_end(tmp_path, prefect_server, tiny_overrides):
