@@ -64,10 +64,14 @@ def bucket_weights(group_size: int, weighting: str, sigma: float, sigma_unit: st
     return {k: w(k / group_size, s) for k in range(1, group_size)}
 
 
-def _check_buckets(buckets: dict[int, list[str]], weights: dict[int, float]) -> None:
+def _check_weights(weights: dict[int, float]) -> None:
     for k, w in weights.items():
         if not (math.isfinite(w) and w >= 0):
             raise SelectionError(f"bucket weight for k={k} must be finite and >= 0, got {w}")
+
+
+def _check_buckets(buckets: dict[int, list[str]], weights: dict[int, float]) -> None:
+    _check_weights(weights)
     seen: set[str] = set()
     for k, qs in buckets.items():
         dup = seen.intersection(qs) or (len(set(qs)) != len(qs))
@@ -106,6 +110,44 @@ def sample_questions(buckets: dict[int, list[str]], n: int, weights: dict[int, f
         out.append(pool.pop())
         if not pool:
             del pools[k]
+    return out
+
+
+def sample_bucket_positions(counts: dict[int, int], n: int, weights: dict[int, float],
+                            rng: random.Random) -> list[tuple[int, int]]:
+    """ExGRPO question sampling (SPEC §1.2, bucket by w(Acc), uniform inside) on bucket sizes only.
+
+    The draw of `sample_questions` on buckets of these sizes, with the same rng calls in the same
+    order: draw j there returns `buckets[k][index]` for the j-th (k, index) returned here, `index`
+    being the position in the bucket's list as given. The buckets are virtual arrays: a length and
+    the positions moved by the swap-with-last removal, so the cost is O(n), not O(pool).
+
+    Args:
+        counts: {k: number of questions in bucket k} (>= 0).
+        n, weights, rng: as for `sample_questions`.
+    """
+    if n < 0:
+        raise SelectionError(f"n must be >= 0, got {n}")
+    _check_weights(weights)
+    for k, c in counts.items():
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise SelectionError(f"bucket size for k={k} must be an integer >= 0, got {c!r}")
+    sizes = {k: counts[k] for k in sorted(counts) if counts[k] and weights.get(k, 0.0) > 0}
+    moved: dict[int, dict[int, int]] = {k: {} for k in sizes}  # per bucket: position -> original index
+    out: list[tuple[int, int]] = []
+    while len(out) < n and sizes:
+        keys = list(sizes)
+        k = rng.choices(keys, weights=[weights[key] for key in keys])[0]
+        last = sizes[k] - 1
+        i = rng.randrange(last + 1)
+        here = moved[k]
+        out.append((k, here.get(i, i)))
+        tail = here.pop(last, last)  # the last element moves into the hole at i
+        if i != last:
+            here[i] = tail
+        sizes[k] = last
+        if not last:
+            del sizes[k]
     return out
 
 

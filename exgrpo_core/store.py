@@ -11,14 +11,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
 from collections import Counter
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, case, delete, insert, select, update
+from sqlalchemy import Connection, and_, bindparam, case, delete, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from exgrpo_core import selection
 from exgrpo_core.codec import decode_logprobs, decode_token_ids
 from exgrpo_core.store_buffer import (CollectRule, apply_groups, bulk_insert, chunks, none_if_nan,
                                       read_buffer_state)
@@ -27,6 +29,7 @@ from exgrpo_core.store_engine import (StoreError, create_store_engine, mask_url,
 from exgrpo_core.store_models import (EvalResult, GroupResultRow, QuestionRow, QuestionState, Replay, Run,
                                       StepMetric, Trajectory)
 from exgrpo_core.store_rollback import rollback_rows
+from exgrpo_core.store_replay import all_rows, pooled_counts, pooled_uids_at
 from exgrpo_core.types import BufferState, Experience, GroupResult, Question
 
 __all__ = ["ExperienceStore", "StoreError", "resolve_db_url", "question_digest"]
@@ -224,6 +227,23 @@ class ExperienceStore:
         with read_connection(self.engine, f"reading the buffer of run {run_id}") as conn:
             return read_buffer_state(conn, run_id, group_size)
 
+    def sample_replay_questions(self, run_id: str, group_size: int, n: int, weights: dict[int, float],
+                                rng: random.Random) -> list[str]:
+        """ExGRPO question sampling (SPEC §1.2): n pooled questions, bucket by w(Acc), uniform inside.
+
+        Returns exactly `selection.sample_questions(self.buffer_state(run_id, group_size).buckets, n,
+        weights, rng)`, with the same rng calls, but reads only the bucket sizes and the chosen uids.
+        `group_size` must be the run's K; bad n or weights raise `selection.SelectionError` as there.
+        """
+        with read_connection(self.engine, f"sampling replay questions of run {run_id}") as conn:
+            K = conn.execute(select(Run.group_size).where(Run.id == run_id)).scalar_one_or_none()
+            if K is None:
+                raise StoreError(f"unknown run id {run_id!r} (call start_run first)")
+            if K != group_size:
+                raise StoreError(f"run {run_id} has group_size {K}, not {group_size}")
+            picks = selection.sample_bucket_positions(pooled_counts(conn, run_id), n, weights, rng)
+            return pooled_uids_at(conn, run_id, picks)
+
     def candidates(self, run_id: str, question_uids: list[str], before_step: int) -> dict[str, list[Experience]]:
         """Pooled trajectories of these questions generated before `before_step`, oldest first.
 
@@ -231,26 +251,27 @@ class ExperienceStore:
         """
         T, QS = Trajectory, QuestionState
         out: dict[str, list[Experience]] = {uid: [] for uid in question_uids}
+        # Each uid's state row (so an unregistered uid shows) left-joined to its pooled trajectories
+        # through the (run, question, in_pool) index: one statement. `step + 0` keeps SQLite's planner
+        # off the step indexes, which made it scan every trajectory of the run.
+        pooled = and_(T.run_id == QS.run_id, T.question_id == QS.question_id, T.in_pool.is_(True),
+                      T.step + 0 < before_step)
         with read_connection(self.engine, f"reading candidates of run {run_id}") as conn:
             for part in chunks(sorted(out)):
-                uid_of = dict(conn.execute(select(QS.question_id, QS.uid).where(
-                    QS.run_id == run_id, QS.uid.in_(part))).all())
-                if len(uid_of) < len(part):
-                    raise StoreError(f"question uids never registered for run {run_id}: "
-                                     f"{sorted(set(part) - set(uid_of.values()))[:5]}")
-                # by question id through the (run, question, in_pool) index; `step + 0` keeps SQLite's
-                # planner off the step indexes, which made it scan every trajectory of the run
-                q = (select(T.id, T.question_id, T.token_ids, T.behaviour_logprobs, T.text, T.step, T.entropy,
+                q = (select(QS.uid, T.id, T.token_ids, T.behaviour_logprobs, T.text, T.step, T.entropy,
                             T.times_replayed)
-                     .where(T.run_id == run_id, T.question_id.in_(sorted(uid_of)), T.in_pool.is_(True),
-                            T.step + 0 < before_step)
+                     .select_from(QS).outerjoin(T, pooled).where(QS.run_id == run_id, QS.uid.in_(part))
                      .order_by(T.id))
-                for tid, qid, ids, lps, text, step, ent, times in conn.execute(q):
-                    uid = uid_of[qid]
-                    out[uid].append(Experience(
-                        id=tid, question_uid=uid, response_ids=decode_token_ids(ids),
-                        behaviour_logprobs=decode_logprobs(lps), text=text, step=step,
-                        entropy=math.nan if ent is None else ent, times_replayed=times))
+                rows = all_rows(conn, q)
+                missing = set(part) - {r[0] for r in rows}
+                if missing:
+                    raise StoreError(f"question uids never registered for run {run_id}: {sorted(missing)[:5]}")
+                for uid, tid, ids, lps, text, step, ent, times in rows:
+                    if tid is not None:
+                        out[uid].append(Experience(
+                            id=tid, question_uid=uid, response_ids=decode_token_ids(ids),
+                            behaviour_logprobs=decode_logprobs(lps), text=text, step=step,
+                            entropy=math.nan if ent is None else ent, times_replayed=times))
         return out
 
     def record_replays(self, run_id: str, step: int, replays: list[tuple[int, float]]) -> None:

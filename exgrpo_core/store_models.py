@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import (BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, MetaData,
-                        String, Text, UniqueConstraint)
+                        String, Text, UniqueConstraint, text)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets 64-bit ids for the big tables.
@@ -57,7 +57,8 @@ class QuestionState(Base):
     __tablename__ = "question_states"
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), primary_key=True)
     question_id: Mapped[int] = mapped_column(ForeignKey("questions.id"), primary_key=True)
-    uid: Mapped[str] = mapped_column(String(200))
+    # code-point order on both backends ("C" on PostgreSQL, SQLite's BINARY), as Python's sorted() (0004)
+    uid: Mapped[str] = mapped_column(String(200).with_variant(String(200, collation="C"), "postgresql"))
     latest_k: Mapped[int | None] = mapped_column(Integer)  # None: never verified
     n_groups: Mapped[int] = mapped_column(Integer)
     last_step: Mapped[int | None] = mapped_column(Integer)
@@ -69,6 +70,10 @@ class QuestionState(Base):
         UniqueConstraint("run_id", "uid", name="uq_question_states_run_uid"),
         Index("ix_question_states_run_retired_k", "run_id", "retired", "latest_k"),
         Index("ix_question_states_run_retired_step", "run_id", "retired_step"),  # rollback: un-retire
+        # pooled questions by bucket, uid-sorted: replay sampling reads sizes and ranks from it (0004)
+        Index("ix_question_states_run_pool_k_uid", "run_id", "latest_k", "uid",
+              postgresql_where=text("retired IS false AND pool_size > 0"),
+              sqlite_where=text("retired IS 0 AND pool_size > 0")),
     )
 
 
