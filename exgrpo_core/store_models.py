@@ -71,7 +71,7 @@ class QuestionState(Base):
         Index("ix_question_states_run_retired_k", "run_id", "retired", "latest_k"),
         Index("ix_question_states_run_retired_step", "run_id", "retired_step"),  # rollback: un-retire
         # pooled questions by bucket, uid-sorted: replay sampling reads sizes and ranks from it (0004)
-        Index("ix_question_states_run_pool_k_uid", "run_id", "latest_k", "uid",
+        Index("ix_question_states_run_pool_k_uid", "run_id", "latest_k", "uid", "retired", "pool_size",
               postgresql_where=text("retired IS false AND pool_size > 0"),
               sqlite_where=text("retired IS 0 AND pool_size > 0")),
     )

@@ -1,7 +1,8 @@
 """Replay sampling without reading the whole pool (ExperienceStore.sample_replay_questions).
 
 A partial index of the pooled questions (not retired, pool_size > 0) by (run, latest k, uid): bucket
-sizes are a GROUP BY over it and the chosen questions a rank inside one bucket, both index-only.
+sizes are a GROUP BY over it and the chosen questions a rank inside one bucket, both index-only
+(retired and pool_size are carried too: SQLite's planner needs them to treat the index as covering).
 On PostgreSQL `question_states.uid` gets the "C" collation (byte order of UTF-8 = code-point order,
 Python's sorted()), so the index order is the order `buffer_state` lists buckets in; SQLite's default
 BINARY collation already is. Data-preserving (no row changes); the downgrade restores both.
@@ -34,7 +35,7 @@ def _set_uid_collation(collation: str | None) -> None:
 
 def upgrade() -> None:
     _set_uid_collation("C")
-    op.create_index(INDEX, "question_states", ["run_id", "latest_k", "uid"], **POOLED)
+    op.create_index(INDEX, "question_states", ["run_id", "latest_k", "uid", "retired", "pool_size"], **POOLED)
 
 
 def downgrade() -> None:
