@@ -65,11 +65,27 @@ def minibatch_rows(question_index: list[int], n_minibatches: int) -> list[list[i
     return [rows for rows in out if rows]
 
 
-def micro_batch_rows(batch: TrainBatch, size: int) -> list[list[int]]:
-    """Rows in micro-batches of `size`, ordered by length so each one pads to a similar width.
+def micro_batch_rows(batch: TrainBatch, size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Rows in micro-batches of at most `size` rows and `max_tokens` padded tokens, shortest first.
 
     Exact: a mini-batch's loss is a sum over its micro-batches with a shared denominator, so the
-    grouping only changes float rounding. Example: lengths [9, 3, 8, 2], size 2 -> [[3, 1], [2, 0]].
+    grouping only changes float rounding. Rows are ordered by length, so each micro-batch pads to
+    its last row; a row longer than `max_tokens` goes alone. Example: lengths [9, 3, 8, 2], size 2
+    -> [[3, 1], [2, 0]]; with max_tokens 10 -> [[3, 1], [2], [0]].
     """
+    lengths = batch.attention_mask.sum(-1).tolist()
     order = torch.argsort(batch.attention_mask.sum(-1), stable=True).tolist()
-    return [order[i:i + size] for i in range(0, len(order), size)]
+    out: list[list[int]] = []
+    for i in order:
+        last = out[-1] if out else None
+        if last is None or len(last) >= size or (max_tokens is not None and (len(last) + 1) * lengths[i] > max_tokens):
+            out.append([i])
+        else:
+            last.append(i)
+    return out
+
+
+def share_rows(batch: TrainBatch, rank: int, world: int) -> list[int]:
+    """This process's rows of a mini-batch: every world-th row by length, so shares cost about the same."""
+    order = torch.argsort(batch.attention_mask.sum(-1), stable=True).tolist()
+    return sorted(order[rank::world])

@@ -178,6 +178,11 @@ class TrainConfig(_Section):
     """Questions per optimiser step; B/mini optimiser steps per iteration (paper: 64)."""
     micro_batch_size: int = Field(default=8, ge=1)
     """Sequences per forward/backward pass (gradient accumulation inside a mini-batch)."""
+    micro_batch_tokens: int | None = Field(default=None, ge=1)
+    """Also cap a forward/backward pass at this many padded tokens (rows x longest row), so long
+    responses get smaller micro-batches instead of running out of memory (None: rows only)."""
+    dist_timeout_s: int = Field(default=3600, ge=1)
+    """With several processes: how long a collective waits (followers wait while rank 0 evaluates)."""
     lr: float = Field(default=1e-6, gt=0)
     """AdamW learning rate (paper: 1e-6)."""
     weight_decay: float = Field(default=0.0, ge=0)

@@ -87,3 +87,12 @@ def all_reduce_max(value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
+
+
+def all_keys(keys: Sequence[str]) -> list[str]:
+    """The sorted union of every process's keys (so reductions line up when a process saw none)."""
+    if topology().world == 1:
+        return sorted(set(keys))
+    parts: list[Any] = [None] * topology().world
+    dist.all_gather_object(parts, list(keys))
+    return sorted({k for p in parts for k in p})

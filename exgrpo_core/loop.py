@@ -16,10 +16,9 @@ from functools import partial
 
 import torch
 
-from exgrpo_core import engine_sync, losses, metrics as M, policy, selection
+from exgrpo_core import engine_sync, losses, metrics as M, selection
 from exgrpo_core.advantages import compute_group_advantages
 from exgrpo_core.batch import collate
-from exgrpo_core.optimise import optimise
 from exgrpo_core.rollout import TransformersEngine
 from exgrpo_core.session import Session
 from exgrpo_core.types import GroupResult, Rollout
@@ -61,8 +60,8 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
     entropies: list[list[float]] = []
     for n in sorted(set(counts)):
         chosen = [u for u, c in zip(uids, counts) if c == n]
-        gens = s.engine.generate([s.prompt_ids(u) for u in chosen], n, temperature=cfg.temperature,
-                                 max_new_tokens=cfg.max_response_tokens)
+        gens = s.team.generate([s.prompt_ids(u) for u in chosen], n, temperature=cfg.temperature,
+                               max_new_tokens=cfg.max_response_tokens)
         for uid, group in zip(chosen, gens):
             rollouts += [Rollout(uid, s.prompt_ids(uid), g.response_ids, g.logprobs, g.text, g.truncated, plan.step)
                          for g in group]
@@ -95,28 +94,17 @@ def needs_rescore(s: Session) -> bool:
             or getattr(s.accelerator, "mixed_precision", "no") != "no")
 
 
-@torch.no_grad()
 def score_rollouts(s: Session, rollouts: list[Rollout], entropy_kind: str = "mean") -> None:
     """Trainer log-probs and H(o) of each rollout, written into the records (SPEC §1.1).
 
     Logits are divided by the rollout temperature (1.0 by default, as in the paper), as verl does, so
-    the trained distribution is the one that was sampled.
+    the trained distribution is the one that was sampled. Spread over the processes (team.py).
     """
     if not rollouts:
         return
-    batch = collate(rollouts, [0.0] * len(rollouts), s.engine.pad_id)
-    was_training = s.model.training
-    s.model.eval()
-    logp, ent = policy.token_logprobs_and_entropy(
-        s.model, batch.input_ids.to(s.accelerator.device), batch.attention_mask.to(s.accelerator.device),
-        micro_batch_size=2 * s.cfg.train.micro_batch_size, with_entropy=entropy_kind == "mean",
-        temperature=s.cfg.rollout.temperature, score_mask=batch.response_mask)
-    s.model.train(was_training)
-    mask = batch.response_mask.to(logp.device)
-    h = policy.trajectory_entropy(ent, mask) if entropy_kind == "mean" else policy.trajectory_nll(logp, mask)
-    for i, r in enumerate(rollouts):
-        r.behaviour_logprobs = logp[i][mask[i]].float().cpu().tolist()
-        r.entropy = float(h[i])
+    for r, (logp, h) in zip(rollouts, s.team.score(rollouts, entropy_kind)):
+        r.behaviour_logprobs = logp
+        r.entropy = h
 
 
 def verify(s: Session, rollouts: list[Rollout]) -> dict:
@@ -198,16 +186,12 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
     replay_term = (partial(losses.shaped_replay_term, beta=cfg.loss.shaping_beta) if cfg.loss.policy_shaping
                    else losses.plain_replay_term)
     batch = collate(rows, advs, s.engine.pad_id, qidx)
-    dev = s.accelerator.device
-    for name in ("input_ids", "attention_mask", "response_mask", "advantages", "old_logprobs", "is_replay"):
-        setattr(batch, name, getattr(batch, name).to(dev))
-    stats.update(optimise(
-        s.model, s.optimizer, s.accelerator, batch,
-        n_minibatches=cfg.train.batch_size // cfg.train.mini_batch_size,
-        micro_batch_size=cfg.train.micro_batch_size, onpolicy_term=onpolicy_term, replay_term=replay_term,
+    stats.update(s.team.optimise(
+        batch, n_minibatches=cfg.train.batch_size // cfg.train.mini_batch_size,
+        micro_batch_size=cfg.train.micro_batch_size, micro_batch_tokens=cfg.train.micro_batch_tokens,
+        onpolicy_term=onpolicy_term, replay_term=replay_term,
         aggregation=cfg.loss.aggregation, max_response_len=cfg.rollout.max_response_tokens,
-        entropy_coef=cfg.loss.entropy_coef, kl_coef=cfg.loss.kl_coef, ref_model=s.ref_model,
-        temperature=cfg.rollout.temperature,
+        entropy_coef=cfg.loss.entropy_coef, kl_coef=cfg.loss.kl_coef, temperature=cfg.rollout.temperature,
         max_grad_norm=cfg.train.max_grad_norm, skip_grad_norm=cfg.train.skip_grad_norm))
     if hasattr(s.engine, "push_weights"):  # an engine with its own copy of the weights (vLLM)
         stats.update(engine_sync.push_and_check(s.engine, s.accelerator.unwrap_model(s.model),

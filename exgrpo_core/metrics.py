@@ -84,6 +84,9 @@ def eval_key(benchmark: str, metric: str) -> str:
 ENGINE_PREFIX = "engine/"
 ENGINE_SYNC_GAP = ENGINE_PREFIX + "sync_logprob_gap"
 ENGINE_SYNC_S = ENGINE_PREFIX + "sync_s"
+# several training processes only (team.py): relative spread of the processes' summed weights
+DIST_PREFIX = "dist/"
+DIST_PARAM_GAP = DIST_PREFIX + "param_gap"
 
 
 def bucket_key(k: int) -> str:
@@ -93,7 +96,7 @@ def bucket_key(k: int) -> str:
 
 STEP_METRICS: tuple[str, ...] = tuple(
     v for name, v in sorted(globals().items()) if name.isupper() and isinstance(v, str) and "/" in v
-    and not v.startswith((EVAL_PREFIX, ENGINE_PREFIX)))
+    and not v.startswith((EVAL_PREFIX, ENGINE_PREFIX, DIST_PREFIX)))
 """Logged every training step (evaluation keys appear only at evaluation steps)."""
 
 
@@ -101,6 +104,6 @@ def declared(key: str, group_size: int) -> bool:
     """True if `key` is part of the contract (fixed names, bucket counts 0..K, eval keys)."""
     if key in STEP_METRICS or key in (EVAL_SECONDS, EVAL_QUESTIONS_PER_S) or _EVAL_KEY.fullmatch(key):
         return True
-    if key in (ENGINE_SYNC_GAP, ENGINE_SYNC_S):
+    if key in (ENGINE_SYNC_GAP, ENGINE_SYNC_S, DIST_PARAM_GAP):
         return True
     return key in {bucket_key(k) for k in range(group_size + 1)}

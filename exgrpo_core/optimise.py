@@ -4,18 +4,22 @@ The loss terms are chosen once by the caller (SPEC §1.3) and passed in; this mo
 forward / backward through Accelerate. The denominator is built per mini-batch so accumulation over
 micro-batches is exact. (code) an optimiser step whose gradient norm exceeds `skip_grad_norm` is
 skipped and counted.
+With several processes (`shard=(rank, world)`) each takes a share of every mini-batch's rows; the
+denominator is the whole mini-batch's, gradients are summed over processes before clipping, so the
+step equals the one-process step up to float rounding, whatever the shares' sizes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 from typing import Callable
 
 import torch
 
-from exgrpo_core import losses, policy
-from exgrpo_core.batch import micro_batch_rows, minibatch_rows, select_rows
+from exgrpo_core import distributed as D, losses, policy
+from exgrpo_core.batch import micro_batch_rows, minibatch_rows, select_rows, share_rows
 from exgrpo_core.types import TrainBatch
 
 
@@ -23,38 +27,49 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
              micro_batch_size: int, onpolicy_term: Callable, replay_term: Callable,
              aggregation: str, max_response_len: int, entropy_coef: float, kl_coef: float,
              ref_model, max_grad_norm: float, skip_grad_norm: float | None,
-             temperature: float = 1.0) -> dict[str, float]:
+             temperature: float = 1.0, micro_batch_tokens: int | None = None,
+             shard: tuple[int, int] = (0, 1)) -> dict[str, float]:
     """Run `n_minibatches` optimiser steps over the batch; return averaged detached stats."""
+    rank, world = shard
     model.train()
     sums: dict[str, float] = defaultdict(float)
     maxes: dict[str, float] = defaultdict(float)
     steps = skipped = 0
+    norms = 0.0
     for rows in minibatch_rows(batch.meta["question_index"], n_minibatches):
         mini = select_rows(batch, rows)
         denom = (losses.token_mean_denominator(mini.response_mask) if aggregation == "token_mean"
                  else losses.seq_sum_norm_denominator(len(rows), max_response_len))
         optimizer.zero_grad(set_to_none=True)
-        for micro_rows in micro_batch_rows(mini, micro_batch_size):
-            micro = select_rows(mini, micro_rows)
-            loss, stats = _micro_loss(model, micro, denom, onpolicy_term, replay_term,
-                                      entropy_coef, kl_coef, ref_model, micro_batch_size, temperature)
-            accelerator.backward(loss)
-            for k, v in stats.items():
-                if k == "loss/iw_max":
-                    maxes[k] = max(maxes[k], v)
-                elif k.endswith("_tokens") or k in _ADDITIVE:
-                    sums[k] += v
-                else:  # a mean over the micro-batch's tokens of its kind: weight by that count
-                    sums[k] += v * stats[_WEIGHT_BY.get(k, "loss/onpolicy_tokens")]
+        part = select_rows(mini, share_rows(mini, rank, world)) if world > 1 else mini
+        with _local_grads(model, world):
+            for micro_rows in micro_batch_rows(part, micro_batch_size, micro_batch_tokens):
+                micro = select_rows(part, micro_rows)
+                loss, stats = _micro_loss(model, micro, denom, onpolicy_term, replay_term,
+                                          entropy_coef, kl_coef, ref_model, micro_batch_size, temperature)
+                accelerator.backward(loss)
+                for k, v in stats.items():
+                    if k == "loss/iw_max":
+                        maxes[k] = max(maxes[k], v)
+                    elif k.endswith("_tokens") or k in _ADDITIVE:
+                        sums[k] += v
+                    else:  # a mean over the micro-batch's tokens of its kind: weight by that count
+                        sums[k] += v * stats[_WEIGHT_BY.get(k, "loss/onpolicy_tokens")]
+        if world > 1:
+            D.all_reduce_grads(model.parameters())
         grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
         if skip_grad_norm is not None and (grad_norm > skip_grad_norm or not math.isfinite(grad_norm)):
             skipped += 1
             optimizer.zero_grad(set_to_none=True)
         else:
             optimizer.step()
-        sums["loss/grad_norm"] += grad_norm
+        norms += grad_norm
         steps += 1
     optimizer.zero_grad(set_to_none=True)
+    if world > 1:  # every process's sums and maxes, the same on all of them
+        sums = D.all_reduce_sums(sums, D.all_keys(list(sums)))
+        maxes = {k: D.all_reduce_max(maxes.get(k, 0.0)) for k in D.all_keys(list(maxes))}
+    sums["loss/grad_norm"] = norms
     out: dict[str, float] = {}
     for k, v in sums.items():
         if k == "loss/grad_norm" or k in _ADDITIVE:
@@ -67,6 +82,11 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
     out["loss/skipped_steps"] = float(skipped)
     out["loss/optimizer_steps"] = float(steps)
     return out
+
+
+def _local_grads(model, world: int):
+    """Accumulate this process's gradients without DDP's per-backward all-reduce (summed once per step)."""
+    return model.no_sync() if world > 1 and hasattr(model, "no_sync") else contextlib.nullcontext()
 
 
 # Means over replayed tokens; the rest (clipfrac) are means over on-policy tokens.

@@ -3,6 +3,8 @@
 `open_session` builds the model, tokenizer, optimiser (through Accelerate), rollout engine, verifier
 and experience store from the config, and resumes from the run directory's latest checkpoint when
 there is one (the database is rolled back to that step, so nothing written after it is counted twice).
+Under `torchrun` / `accelerate launch` every process builds the same `Worker` (model, optimiser,
+engine); rank 0 also opens the store and runs the flow, the others call `run_follower` (team.py).
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from typing import Callable
 
 import torch
 
-from exgrpo_core import checkpoint, data, models
+from exgrpo_core import checkpoint, data, distributed as D, models
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.rewards import MathVerifier
 from exgrpo_core.rollout import TransformersEngine
 from exgrpo_core.sampler import FreshSampler
 from exgrpo_core.store import ExperienceStore, resolve_db_url
+from exgrpo_core.team import Team, Worker, serve
 from exgrpo_core.types import Question
 
 Verify = Callable[[list[str], list[str]], list[tuple[float, str]]]
@@ -51,6 +54,7 @@ class Session:
     ref_model: torch.nn.Module | None = None
     resumed_from: int | None = None
     mlflow_run_id: str | None = None
+    team: Team | None = None
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
@@ -78,9 +82,7 @@ class Session:
 
 
 def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
-    """Build or resume the run described by `cfg` (see module docstring)."""
-    from accelerate import Accelerator
-
+    """Build or resume the run described by `cfg` (see module docstring); rank 0 with several processes."""
     run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
     ckpt = checkpoint.latest_checkpoint(run_dir) if cfg.run.resume != "never" else None
     if cfg.run.resume == "must" and ckpt is None:
@@ -88,13 +90,72 @@ def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
     if cfg.run.resume == "never" and checkpoint.latest_checkpoint(run_dir) is not None:
         raise ResumeError(f"{run_dir} already holds checkpoints; pick another run.name or use run.resume=auto")
     run_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.run.seed)
-    random.seed(cfg.run.seed)
-
+    accelerator = make_accelerator(cfg)
+    D.broadcast(str(ckpt) if ckpt else None)  # followers load the same checkpoint (shared filesystem)
     questions = data.load_questions(
         cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
         system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction,
         max_questions=cfg.data.max_questions)
+    worker, tokenizer = open_worker(cfg, accelerator, ckpt, run_dir)
+
+    store = ExperienceStore(resolve_db_url(cfg.run.db_url, run_dir))
+    state = checkpoint.load_trainer_state(ckpt) if ckpt else None
+    run_id = state["loop"]["run_id"] if state else uuid.uuid4().hex
+    store.start_run(run_id, cfg.run.name, cfg.preset, json.loads(cfg.model_dump_json()), cfg.rollout.group_size)
+    store.register_questions(run_id, questions)
+
+    session = Session(
+        cfg=cfg, run_id=run_id, run_dir=run_dir, model=worker.model, tokenizer=tokenizer,
+        optimizer=worker.optimizer, accelerator=accelerator, engine=worker.engine,
+        verify=verify, store=store, questions={q.uid: q for q in questions},
+        sampler=FreshSampler([q.uid for q in questions], cfg.run.seed), rng=random.Random(cfg.run.seed),
+        ref_model=worker.ref_model, team=Team(worker))
+    if verify is None:
+        verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
+        session.verify = verifier.verify
+        session._closers.append(verifier.close)
+    session._closers.append(store.close)
+    session._closers.append(session.team.stop)  # runs first on close: followers exit even if a close fails
+    if state:
+        _restore(session, state)
+    return session
+
+
+def run_follower(cfg: ExGRPOConfig) -> None:
+    """A process of rank > 0: build the same worker as rank 0 and compute its shares until told to stop."""
+    accelerator = make_accelerator(cfg)
+    ckpt = D.broadcast(None)
+    run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
+    worker, _ = open_worker(cfg, accelerator, Path(ckpt) if ckpt else None, run_dir)
+    if ckpt:
+        worker.optimizer.load_state_dict(checkpoint.load_trainer_state(Path(ckpt))["optimizer"])
+    serve(worker)
+
+
+def make_accelerator(cfg: ExGRPOConfig):
+    """Accelerate for this process; under torchrun / accelerate launch it joins the process group.
+
+    DDP's per-forward buffer broadcast is off: processes run different numbers of forward passes
+    (their shares differ), and gradients are summed explicitly once per optimiser step (optimise.py).
+    """
+    from datetime import timedelta
+
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+    gpu = torch.cuda.is_available()
+    return Accelerator(cpu=not gpu, mixed_precision="bf16" if cfg.model.dtype == "bfloat16" and gpu else "no",
+                       kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False),
+                                        InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.train.dist_timeout_s))])
+
+
+def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path) -> tuple[Worker, object]:
+    """Model (from the checkpoint when resuming), optimiser, reference model and rollout engine."""
+    if D.topology().world > 1 and cfg.rollout.engine != "transformers":
+        raise ValueError(f"rollout.engine={cfg.rollout.engine} with {D.topology().world} training processes is "
+                         "not supported yet: use rollout.engine=transformers, or one process (docs/scaling.md)")
+    torch.manual_seed(cfg.run.seed)
+    random.seed(cfg.run.seed)
     source = str(ckpt) if ckpt else cfg.model.name_or_path
     model, tokenizer = models.load_policy(source, dtype=cfg.model.dtype, tiny=cfg.model.tiny.model_dump(),
                                           seed=cfg.run.seed)
@@ -105,34 +166,14 @@ def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
         ref_model, _ = models.load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype,
                                           tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed)
         ref_model.eval().requires_grad_(False)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(),
-                              mixed_precision="bf16" if cfg.model.dtype == "bfloat16" and torch.cuda.is_available() else "no")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     model, optimizer = accelerator.prepare(model, optimizer)
     if ref_model is not None:
         ref_model.to(accelerator.device)
-
-    store = ExperienceStore(resolve_db_url(cfg.run.db_url, run_dir))
-    state = checkpoint.load_trainer_state(ckpt) if ckpt else None
-    run_id = state["loop"]["run_id"] if state else uuid.uuid4().hex
-    store.start_run(run_id, cfg.run.name, cfg.preset, json.loads(cfg.model_dump_json()), cfg.rollout.group_size)
-    store.register_questions(run_id, questions)
-
-    session = Session(
-        cfg=cfg, run_id=run_id, run_dir=run_dir, model=model, tokenizer=tokenizer, optimizer=optimizer,
-        accelerator=accelerator,
-        engine=_make_engine(cfg, accelerator.unwrap_model(model), tokenizer, source, run_dir),
-        verify=verify, store=store, questions={q.uid: q for q in questions},
-        sampler=FreshSampler([q.uid for q in questions], cfg.run.seed), rng=random.Random(cfg.run.seed),
-        ref_model=ref_model)
-    if verify is None:
-        verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
-        session.verify = verifier.verify
-        session._closers.append(verifier.close)
-    session._closers.append(store.close)
-    if state:
-        _restore(session, state)
-    return session
+    engine = _make_engine(cfg, accelerator.unwrap_model(model), tokenizer, source, run_dir)
+    worker = Worker(model=model, optimizer=optimizer, accelerator=accelerator, engine=engine, ref_model=ref_model,
+                    scoring_micro_batch=2 * cfg.train.micro_batch_size, temperature=cfg.rollout.temperature)
+    return worker, tokenizer
 
 
 def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str, run_dir: Path):

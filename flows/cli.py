@@ -1,6 +1,7 @@
 """`exgrpo` command line: train through the Prefect flow with a progress display; manage the database.
 
     exgrpo train --config configs/tiny.yaml --set run.steps=5
+    torchrun --nproc_per_node 2 -m flows.cli train --config tiny   # two processes (docs/scaling.md)
     exgrpo config --config cpu-demo --set rollout.group_size=4     # print the resolved config
     exgrpo db upgrade [--url URL]
     exgrpo dashboard --config cpu-demo [--port 8501]              # Streamlit dashboard, read-only
@@ -33,6 +34,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from exgrpo_core.config_io import load_config
 
     cfg = load_config(args.config, args.set)  # fail on a bad config before Prefect starts
+    if int(os.environ.get("RANK", "0")) > 0:  # a follower under torchrun / accelerate launch: no Prefect, no DB
+        from exgrpo_core.session import run_follower
+
+        run_follower(cfg)
+        return 0
     console.print(f"[bold]ExGRPO[/bold] preset={cfg.preset} model={cfg.model.name_or_path} "
                   f"steps={cfg.run.steps} run_dir={os.path.join(cfg.run.output_dir, cfg.run.name)}")
     if not os.environ.get("PREFECT_API_URL"):

@@ -1,0 +1,151 @@
+"""The model's work in one or several processes: sampling, scoring and the optimiser step.
+
+`Worker` holds what every process holds (model, optimiser, rollout engine) and computes its share
+of one operation. `Team` is rank 0's handle: with one process it calls the worker directly; with
+several it first broadcasts the operation and its inputs, every process computes its shard, and the
+results are gathered on rank 0 in order. Followers sit in `serve` until rank 0 sends `stop`.
+
+  generate  prompts split in contiguous shards; each rank samples with seed + rank (seed drawn from
+            rank 0's torch RNG, so a resumed run samples what an uninterrupted one would)
+  score     rollouts split in contiguous shards (trainer log-probs and H(o), no gradient)
+  optimise  every rank gets the whole batch, takes a share of each mini-batch's rows, gradients are
+            summed over processes before each optimiser step (optimise.py), stats reduced
+Only rank 0 touches the database, MLflow and Prefect (docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from exgrpo_core import distributed as D, metrics as M, policy
+from exgrpo_core.batch import collate
+from exgrpo_core.optimise import optimise
+from exgrpo_core.types import Generation, Rollout
+
+
+class TeamError(RuntimeError):
+    """A follower got an operation it does not know, or the processes' weights drifted apart."""
+
+
+@dataclass
+class Worker:
+    model: torch.nn.Module          # as prepared by Accelerate (training forward passes)
+    optimizer: torch.optim.Optimizer
+    accelerator: object
+    engine: object                  # rollout engine over the unwrapped model
+    ref_model: torch.nn.Module | None
+    scoring_micro_batch: int
+    temperature: float
+
+    @property
+    def topo(self) -> D.Topology:
+        return D.topology()
+
+    def generate(self, args) -> list[list[Generation]]:
+        prompts, n, kwargs, seed = args
+        mine = D.shard(prompts, self.topo.rank, self.topo.world)
+        if seed is not None:
+            torch.manual_seed(seed + self.topo.rank)
+        return self.engine.generate(mine, n, **kwargs) if mine else []
+
+    @torch.no_grad()
+    def score(self, args) -> list[tuple[list[float], float]]:
+        """(response log-probs, H(o) or NLL) of this rank's share of the rollouts (SPEC §1.1)."""
+        rollouts, entropy_kind = args
+        mine: list[Rollout] = D.shard(rollouts, self.topo.rank, self.topo.world)
+        if not mine:
+            return []
+        model = self.accelerator.unwrap_model(self.model)
+        batch = collate(mine, [0.0] * len(mine), self.engine.pad_id)
+        was_training = model.training
+        model.eval()
+        dev = self.accelerator.device
+        logp, ent = policy.token_logprobs_and_entropy(
+            model, batch.input_ids.to(dev), batch.attention_mask.to(dev), micro_batch_size=self.scoring_micro_batch,
+            with_entropy=entropy_kind == "mean", temperature=self.temperature,
+            score_mask=batch.response_mask)
+        model.train(was_training)
+        mask = batch.response_mask.to(logp.device)
+        h = policy.trajectory_entropy(ent, mask) if entropy_kind == "mean" else policy.trajectory_nll(logp, mask)
+        return [(logp[i][mask[i]].float().cpu().tolist(), float(h[i])) for i in range(len(mine))]
+
+    def optimise(self, args) -> dict[str, float]:
+        batch, kwargs = args
+        dev = self.accelerator.device
+        for name in ("input_ids", "attention_mask", "response_mask", "advantages", "old_logprobs", "is_replay"):
+            setattr(batch, name, getattr(batch, name).to(dev))
+        stats = optimise(self.model, self.optimizer, self.accelerator, batch, ref_model=self.ref_model,
+                         shard=(self.topo.rank, self.topo.world), **kwargs)
+        if self.topo.world > 1:
+            stats[PARAM_GAP] = param_gap(self.accelerator.unwrap_model(self.model))
+        return stats
+
+
+PARAM_GAP = M.DIST_PARAM_GAP
+_OPS = ("generate", "score", "optimise")
+_GATHERED = ("generate", "score")
+
+
+def param_gap(model: torch.nn.Module) -> float:
+    """Spread between processes of the summed parameters, relative to their size (0 when in step)."""
+    total = float(sum(p.detach().double().sum() for p in model.parameters()))
+    hi, lo = D.all_reduce_max(total), -D.all_reduce_max(-total)
+    return (hi - lo) / max(1.0, abs(hi))
+
+
+class Team:
+    """Rank 0's handle on every process's worker (see module docstring)."""
+
+    def __init__(self, worker: Worker, max_param_gap: float = 1e-6):
+        self.worker = worker
+        self.max_param_gap = max_param_gap
+        self._stopped = False
+
+    @property
+    def world(self) -> int:
+        return D.topology().world
+
+    def _run(self, op: str, args):
+        if self.world > 1:
+            D.broadcast((op, args))
+        part = getattr(self.worker, op)(args)
+        return D.gather_lists(part) if op in _GATHERED else part
+
+    def generate(self, prompts: list[list[int]], n: int, *, temperature: float,
+                 max_new_tokens: int) -> list[list[Generation]]:
+        """The rollout engine's `generate`, spread over the processes."""
+        seed = int(torch.randint(0, 2**62, (1,))) if self.world > 1 else None
+        return self._run("generate", (prompts, n, {"temperature": temperature, "max_new_tokens": max_new_tokens},
+                                      seed))
+
+    def score(self, rollouts: list[Rollout], entropy_kind: str) -> list[tuple[list[float], float]]:
+        return self._run("score", (rollouts, entropy_kind))
+
+    def optimise(self, batch, **kwargs) -> dict[str, float]:
+        stats = self._run("optimise", (batch, kwargs))
+        gap = stats.get(PARAM_GAP, 0.0)
+        if gap > self.max_param_gap:
+            raise TeamError(f"training processes hold different weights after the optimiser step "
+                            f"(summed parameters differ by {gap:.3g} relative); gradients were not reduced the same way")
+        return stats
+
+    def stop(self) -> None:
+        """Release the followers (idempotent; a no-op with one process)."""
+        if self.world > 1 and not self._stopped:
+            self._stopped = True
+            D.broadcast(("stop", None))
+
+
+def serve(worker: Worker) -> None:
+    """A follower's loop: run each operation rank 0 broadcasts until it sends `stop`."""
+    while True:
+        op, args = D.broadcast(None)
+        if op == "stop":
+            return
+        if op not in _OPS:
+            raise TeamError(f"follower got unknown operation {op!r}; expected one of {_OPS} or 'stop'")
+        part = getattr(worker, op)(args)
+        if op in _GATHERED:
+            D.gather_lists(part)

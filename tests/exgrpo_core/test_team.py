@@ -1,0 +1,156 @@
+"""The team of training processes: two gloo processes give the one-process results.
+
+One optimiser call over two mini-batches (AdamW, uneven shares, token-budget micro-batches, a
+replayed row) leaves the same weights and stats as in one process; scoring gives the same log-probs
+and entropies; sampling returns every prompt's n responses in order and repeats under the same seed;
+a follower refuses an unknown operation.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import partial
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from exgrpo_core import losses
+from exgrpo_core.batch import collate, micro_batch_rows
+from exgrpo_core.config import ExGRPOConfig
+from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+from exgrpo_core.rollout import TransformersEngine
+from exgrpo_core.team import Team, TeamError, Worker, serve
+from exgrpo_core.types import Rollout
+
+KW = dict(n_minibatches=2, micro_batch_size=3, micro_batch_tokens=24,
+          onpolicy_term=partial(losses.clipped_ratio_term, clip_eps=0.2),
+          replay_term=partial(losses.shaped_replay_term, beta=0.1), aggregation="token_mean", max_response_len=12,
+          entropy_coef=0.001, kl_coef=0.0, temperature=1.0, max_grad_norm=1.0, skip_grad_norm=None)
+
+
+def _rows() -> list[Rollout]:
+    g = torch.Generator().manual_seed(3)
+    rows = []
+    for i in range(7):
+        n = 12 if i == 2 else int(torch.randint(2, 8, (1,), generator=g))
+        resp = torch.randint(5, 40, (n,), generator=g).tolist()
+        rows.append(Rollout(f"q{i // 2}", [1, 7 + i, 9], resp, [-2.0 - 0.1 * t for t in range(n)], "", False, 0,
+                            replayed_from=11 if i == 6 else None))
+    return rows
+
+
+def _worker(accelerator) -> Worker:
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, opt = accelerator.prepare(model, opt)
+    engine = TransformersEngine(accelerator.unwrap_model(model), tok, batch_size=4)
+    return Worker(model, opt, accelerator, engine, None, scoring_micro_batch=2, temperature=1.0)
+
+
+def _batch(worker: Worker):
+    rows = _rows()
+    return collate(rows, [1.0, -1.0, 0.5, -0.5, 0.0, 1.0, 0.7], worker.engine.pad_id, [0, 0, 1, 1, 2, 2, 2])
+
+
+def _run(worker: Worker) -> dict:
+    team = Team(worker)
+    scored = team.score(_rows(), "mean")
+    stats = team.optimise(_batch(worker), **KW)
+    torch.manual_seed(5)
+    gens_a = team.generate([[1, 7, 9], [1, 8, 9, 9], [1, 9]], 2, temperature=1.0, max_new_tokens=4)
+    torch.manual_seed(5)
+    gens_b = team.generate([[1, 7, 9], [1, 8, 9, 9], [1, 9]], 2, temperature=1.0, max_new_tokens=4)
+    params = {k: v.detach().tolist() for k, v in worker.accelerator.unwrap_model(worker.model).state_dict().items()}
+    return {"scored": scored, "stats": stats, "params": params,
+            "gens": [[g.response_ids for g in group] for group in gens_a],
+            "gens_again": [[g.response_ids for g in group] for group in gens_b]}
+
+
+def _spawned(rank: int, port: int, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    from exgrpo_core.session import make_accelerator
+
+    acc = make_accelerator(ExGRPOConfig())
+    worker = _worker(acc)
+    if rank == 0:
+        result = _run(worker)
+        from exgrpo_core import distributed as D
+
+        D.broadcast(("no-such-op", None))  # the follower must refuse it
+        out.put((0, result))
+    else:
+        try:
+            serve(worker)
+            out.put((1, "served without error"))
+        except TeamError as e:
+            out.put((1, str(e)))
+
+
+@pytest.fixture(scope="module")
+def two_process_result():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_spawned, args=(r, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    return got
+
+
+@pytest.fixture(scope="module")
+def one_process_result():
+    from accelerate import Accelerator
+
+    return _run(_worker(Accelerator(cpu=True)))
+
+
+def test_two_processes_train_like_one(one_process_result, two_process_result):
+    one, two = one_process_result, two_process_result[0]
+    for k, v in one["params"].items():
+        torch.testing.assert_close(torch.tensor(two["params"][k]), torch.tensor(v), atol=2e-6, rtol=1e-5, msg=k)
+    assert one["stats"]["loss/optimizer_steps"] == two["stats"]["loss/optimizer_steps"] == 2
+    for key in ("loss/total", "loss/grad_norm", "loss/onpolicy_tokens", "loss/replay_tokens", "loss/iw_max",
+                "loss/clipfrac", "loss/entropy"):
+        assert two["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-7), key
+    assert two["stats"]["dist/param_gap"] == 0.0
+    assert "dist/param_gap" not in one["stats"]
+
+
+def test_two_processes_score_like_one(one_process_result, two_process_result):
+    one, two = one_process_result, two_process_result[0]
+    assert len(two["scored"]) == len(_rows())
+    for (lp1, h1), (lp2, h2), r in zip(one["scored"], two["scored"], _rows()):
+        assert len(lp2) == len(r.response_ids)
+        assert lp2 == pytest.approx(lp1, abs=1e-5) and h2 == pytest.approx(h1, abs=1e-5)
+
+
+def test_two_processes_sample_every_prompt_in_order(two_process_result):
+    two = two_process_result[0]
+    assert [len(g) for g in two["gens"]] == [2, 2, 2]
+    assert all(1 <= len(ids) <= 4 for group in two["gens"] for ids in group)
+    assert two["gens"] == two["gens_again"], "the same rank-0 seed must give the same samples"
+
+
+def test_follower_refuses_unknown_operation(two_process_result):
+    assert "unknown operation 'no-such-op'" in two_process_result[1]
+
+
+def test_token_budget_micro_batches():
+    tok = build_tiny_tokenizer()
+    rows = [Rollout("q", [1], [5] * n, [0.0] * n, "", False, 0) for n in (8, 2, 7, 1)]  # lengths 9, 3, 8, 2
+    batch = collate(rows, [0.0] * 4, tok.pad_token_id, [0, 0, 0, 0])
+    assert micro_batch_rows(batch, 2) == [[3, 1], [2, 0]]
+    assert micro_batch_rows(batch, 2, max_tokens=10) == [[3, 1], [2], [0]]
+    assert micro_batch_rows(batch, 4, max_tokens=5) == [[3], [1], [2], [0]]  # a row over budget goes alone
+    assert sorted(sum(micro_batch_rows(batch, 3, max_tokens=16), [])) == [0, 1, 2, 3]
+    assert all(len(m) * max(batch.attention_mask[i].sum() for i in m) <= 16 or len(m) == 1
+               for m in micro_batch_rows(batch, 3, max_tokens=16))
