@@ -38,10 +38,11 @@ def plan_batch(s: Session) -> BatchPlan:
     cfg = s.cfg
     replay: list[str] = []
     if s.replay_active and cfg.replay_questions > 0:
-        state = s.store.buffer_state(s.run_id, cfg.rollout.group_size)
         weights = selection.bucket_weights(cfg.rollout.group_size, cfg.selection.question_weighting,
                                            cfg.selection.sigma, cfg.selection.sigma_unit)
-        replay = selection.sample_questions(state.buckets, cfg.replay_questions, weights, s.rng)
+        # = selection.sample_questions(buffer_state.buckets, ...), reading only bucket sizes and chosen uids
+        replay = s.store.sample_replay_questions(s.run_id, cfg.rollout.group_size, cfg.replay_questions,
+                                                 weights, s.rng)
     fresh = s.sampler.next(cfg.train.batch_size - len(replay), exclude=set(replay),
                            retired=s.store.retired_uids(s.run_id) if cfg.buffer.skip_retired_fresh else set(),
                            skip_retired=cfg.buffer.skip_retired_fresh,
