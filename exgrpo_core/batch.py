@@ -13,7 +13,7 @@ from exgrpo_core.types import Rollout, TrainBatch
 
 
 def collate(rollouts: list[Rollout], advantages: list[float], pad_id: int,
-            question_index: list[int] | None = None) -> TrainBatch:
+            question_index: list[int] | None = None, tis_cap: float | None = None) -> TrainBatch:
     """Pack N rollouts into `TrainBatch` tensors of width L = max(P + T).
 
     Args:
@@ -21,6 +21,8 @@ def collate(rollouts: list[Rollout], advantages: list[float], pad_id: int,
         advantages: [N] group-relative advantage of each row.
         pad_id: token used for padding (masked out everywhere).
         question_index: [N] batch position of each row's question (mini-batches split on it).
+        tis_cap: when set, `tis_weights` = min(exp(behaviour - sampler log-prob), cap) on fresh
+            rows that carry `sampler_logprobs` (truncated importance sampling), 1 elsewhere.
     """
     if len(rollouts) != len(advantages):
         raise ValueError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
@@ -40,7 +42,23 @@ def collate(rollouts: list[Rollout], advantages: list[float], pad_id: int,
         input_ids=input_ids, attention_mask=attention, response_mask=response,
         advantages=torch.tensor(advantages, dtype=torch.float32), old_logprobs=old,
         is_replay=torch.tensor([r.replayed_from is not None for r in rollouts], dtype=torch.bool),
-        meta={"question_index": list(question_index) if question_index is not None else list(range(n))})
+        meta={"question_index": list(question_index) if question_index is not None else list(range(n))},
+        tis_weights=None if tis_cap is None else tis_weights(rollouts, old, tis_cap))
+
+
+def tis_weights(rollouts: list[Rollout], old: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling (Yao et al. 2025, as in verl): min(pi_trainer / pi_sampler, cap)
+    per response token of fresh rollouts scored by the trainer; 1 on replayed rows and everywhere else."""
+    out = torch.ones_like(old)
+    for i, r in enumerate(rollouts):
+        if r.replayed_from is not None or r.sampler_logprobs is None:
+            continue
+        p, t = len(r.prompt_ids), len(r.response_ids)
+        if len(r.sampler_logprobs) != t:
+            raise ValueError(f"rollout {i} has {len(r.sampler_logprobs)} sampler log-probs for {t} response tokens")
+        sampler = torch.tensor(r.sampler_logprobs, dtype=torch.float32)
+        out[i, p:p + t] = torch.exp(old[i, p:p + t] - sampler).clamp(max=cap)
+    return out
 
 
 def select_rows(batch: TrainBatch, rows: list[int]) -> TrainBatch:
@@ -51,7 +69,8 @@ def select_rows(batch: TrainBatch, rows: list[int]) -> TrainBatch:
         input_ids=batch.input_ids[idx, :width], attention_mask=batch.attention_mask[idx, :width],
         response_mask=batch.response_mask[idx, :width], advantages=batch.advantages[idx],
         old_logprobs=batch.old_logprobs[idx, :width], is_replay=batch.is_replay[idx],
-        meta={"question_index": [batch.meta["question_index"][i] for i in rows]})
+        meta={"question_index": [batch.meta["question_index"][i] for i in rows]},
+        tis_weights=None if batch.tis_weights is None else batch.tis_weights[idx, :width])
 
 
 def minibatch_rows(question_index: list[int], n_minibatches: int) -> list[list[int]]:

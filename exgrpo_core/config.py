@@ -169,6 +169,9 @@ class LossConfig(_Section):
     """Entropy bonus (code: 0.001)."""
     kl_coef: float = Field(default=0.0, ge=0)
     """KL penalty to a frozen reference model (off by default; > 0 loads the reference)."""
+    tis_cap: float | None = Field(default=None, gt=0)
+    """Truncated importance sampling for fresh rollouts when the sampler is not the trainer (vLLM):
+    on-policy tokens are weighted by min(pi_trainer / pi_sampler, tis_cap) (None: off; verl uses 2)."""
 
 
 class TrainConfig(_Section):

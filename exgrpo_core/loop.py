@@ -70,6 +70,8 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
     sampler_logp = [r.behaviour_logprobs for r in rollouts]
     if needs_rescore(s):
         score_rollouts(s, rollouts)
+        for r, sl in zip(rollouts, sampler_logp):
+            r.sampler_logprobs = sl  # kept for truncated importance sampling (loss.tis_cap)
     else:  # the sampler's log-probs and entropies are the trainer's: H(o) is their response mean
         for r, ent in zip(rollouts, entropies):
             r.entropy = float(sum(ent) / len(ent)) if ent else 0.0
@@ -186,7 +188,7 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
                      else losses.unclipped_ratio_term)
     replay_term = (partial(losses.shaped_replay_term, beta=cfg.loss.shaping_beta) if cfg.loss.policy_shaping
                    else losses.plain_replay_term)
-    batch = collate(rows, advs, s.engine.pad_id, qidx)
+    batch = collate(rows, advs, s.engine.pad_id, qidx, tis_cap=cfg.loss.tis_cap)
     stats.update(s.team.optimise(
         batch, n_minibatches=cfg.train.batch_size // cfg.train.mini_batch_size,
         micro_batch_size=cfg.train.micro_batch_size, micro_batch_tokens=cfg.train.micro_batch_tokens,

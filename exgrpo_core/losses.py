@@ -147,7 +147,8 @@ def mixed_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Ten
                       is_replay: torch.Tensor, *, onpolicy_term: TokenTerm, replay_term: TokenTerm,
                       denominator: float | torch.Tensor, entropy_tok: torch.Tensor | None = None,
                       entropy_coef: float = 0.0, ref_logp: torch.Tensor | None = None,
-                      kl_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+                      kl_coef: float = 0.0, onpolicy_weight: torch.Tensor | None = None,
+                      ) -> tuple[torch.Tensor, dict[str, float]]:
     """ExGRPO Eq. 4 (code weighting): L = L_on + L_replay - entropy_coef H + kl_coef KL.
 
     Each part is `aggregate`d with the same mini-batch denominator, so micro-batch losses add up.
@@ -164,6 +165,7 @@ def mixed_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Ten
             `functools.partial(clipped_ratio_term, clip_eps=0.2)`, `partial(shaped_replay_term, beta=0.1)`.
         denominator: built once per mini-batch (`token_mean_denominator` / `seq_sum_norm_denominator`).
         entropy_tok: [N, T] entropies (needed when entropy_coef > 0); ref_logp: [N, T] (kl_coef > 0).
+        onpolicy_weight: [N, T] detached per-token factor on the on-policy term (TIS weights).
 
     Returns:
         scalar loss and detached stats ("loss/...").
@@ -176,7 +178,10 @@ def mixed_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Ten
     replay_rows = is_replay.bool()[:, None]  # [N, 1]
     on_mask = torch.where(replay_rows, torch.zeros_like(mask), mask)  # [N, T]
     rep_mask = torch.where(replay_rows, mask, torch.zeros_like(mask))  # [N, T]
-    on_tok = onpolicy_term(logp, old_logp, adv)  # [N, T]
+    on_raw = onpolicy_term(logp, old_logp, adv)  # [N, T]
+    if onpolicy_weight is not None and onpolicy_weight.shape != logp.shape:
+        raise LossInputError(f"onpolicy_weight has shape {tuple(onpolicy_weight.shape)}, logp {tuple(logp.shape)}")
+    on_tok = on_raw if onpolicy_weight is None else on_raw * onpolicy_weight.detach()
     rep_tok = replay_term(logp, old_logp, adv)  # [N, T]
     on_loss = aggregate(on_tok, on_mask, denominator)
     rep_loss = aggregate(rep_tok, rep_mask, denominator)
@@ -191,7 +196,7 @@ def mixed_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Ten
     stats = {M.LOSS_TOTAL: float(total.detach()), M.LOSS_ONPOLICY: float(on_loss.detach()),
              M.LOSS_OFFPOLICY: float(rep_loss.detach()), M.LOSS_ENTROPY: float(ent_value.detach()),
              M.LOSS_KL: float(kl_value.detach())}
-    stats.update(_ratio_stats(logp.detach(), old_logp, adv, on_tok.detach(), on_mask != 0,
+    stats.update(_ratio_stats(logp.detach(), old_logp, adv, on_raw.detach(), on_mask != 0,
                               rep_mask != 0, replay_term))
     return total, stats
 

@@ -111,4 +111,5 @@ def _micro_loss(model, micro: TrainBatch, denom, onpolicy_term, replay_term, ent
     return losses.mixed_policy_loss(
         logp, micro.old_logprobs, micro.advantages, micro.response_mask, micro.is_replay,
         onpolicy_term=onpolicy_term, replay_term=replay_term, denominator=denom,
-        entropy_tok=ent, entropy_coef=entropy_coef, ref_logp=ref_logp, kl_coef=kl_coef)
+        entropy_tok=ent, entropy_coef=entropy_coef, ref_logp=ref_logp, kl_coef=kl_coef,
+        onpolicy_weight=micro.tis_weights)

@@ -74,8 +74,10 @@ class Worker:
     def optimise(self, args) -> dict[str, float]:
         batch, kwargs = args
         dev = self.accelerator.device
-        for name in ("input_ids", "attention_mask", "response_mask", "advantages", "old_logprobs", "is_replay"):
-            setattr(batch, name, getattr(batch, name).to(dev))
+        for name in ("input_ids", "attention_mask", "response_mask", "advantages", "old_logprobs", "is_replay",
+                     "tis_weights"):
+            if getattr(batch, name) is not None:
+                setattr(batch, name, getattr(batch, name).to(dev))
         stats = optimise(self.model, self.optimizer, self.accelerator, batch, ref_model=self.ref_model,
                          shard=(self.topo.rank, self.topo.world), **kwargs)
         if self.topo.world > 1:

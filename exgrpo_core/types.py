@@ -71,6 +71,8 @@ class Rollout:
     reason: str = "unverified"
     entropy: float = float("nan")
     replayed_from: int | None = None
+    sampler_logprobs: list[float] | None = None
+    """[T] the rollout engine's own log-probs when the trainer rescored the response (TIS), else None."""
 
 
 @dataclass
@@ -140,6 +142,7 @@ class TrainBatch:
     advantages: [N] float, one per sequence.
     old_logprobs: [N, L] float, behaviour log-probs aligned with response_mask (0 elsewhere).
     is_replay: [N] bool, True for replayed trajectories (policy shaping applies).
+    tis_weights: [N, L] float, truncated importance weight of each on-policy token (None: all 1).
     """
 
     input_ids: torch.Tensor
@@ -149,3 +152,4 @@ class TrainBatch:
     old_logprobs: torch.Tensor
     is_replay: torch.Tensor
     meta: dict = field(default_factory=dict)
+    tis_weights: torch.Tensor | None = None

@@ -49,6 +49,8 @@ def test_auto_skips_the_scoring_pass_and_gives_the_trainers_numbers(session, mon
         assert a.response_ids == b.response_ids  # same samples: scoring runs after sampling
         assert a.behaviour_logprobs == pytest.approx(b.behaviour_logprobs, abs=1e-4)
         assert a.entropy == pytest.approx(b.entropy, abs=1e-4)
+        assert a.sampler_logprobs is None  # no second opinion: nothing for TIS to correct
+        assert b.sampler_logprobs == pytest.approx(a.behaviour_logprobs, abs=1e-4)  # the sampler's own numbers
 
 
 @pytest.mark.parametrize("change, expected", [
