@@ -16,7 +16,7 @@ from collections import Counter
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, case, delete, insert, select, update
+from sqlalchemy import Connection, bindparam, case, delete, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -29,7 +29,7 @@ from exgrpo_core.store_engine import (StoreError, create_store_engine, mask_url,
 from exgrpo_core.store_models import (EvalResult, GroupResultRow, QuestionRow, QuestionState, Replay, Run,
                                       StepMetric, Trajectory)
 from exgrpo_core.store_rollback import rollback_rows
-from exgrpo_core.store_replay import all_rows, pooled_counts, pooled_uids_at
+from exgrpo_core.store_replay import candidate_rows, pooled_counts, pooled_uids_at
 from exgrpo_core.types import BufferState, Experience, GroupResult, Question
 
 __all__ = ["ExperienceStore", "StoreError", "resolve_db_url", "question_digest"]
@@ -249,20 +249,10 @@ class ExperienceStore:
 
         Every requested uid is a key (an empty list when it has none); an unregistered uid is an error.
         """
-        T, QS = Trajectory, QuestionState
         out: dict[str, list[Experience]] = {uid: [] for uid in question_uids}
-        # Each uid's state row (so an unregistered uid shows) left-joined to its pooled trajectories
-        # through the (run, question, in_pool) index: one statement. `step + 0` keeps SQLite's planner
-        # off the step indexes, which made it scan every trajectory of the run.
-        pooled = and_(T.run_id == QS.run_id, T.question_id == QS.question_id, T.in_pool.is_(True),
-                      T.step + 0 < before_step)
         with read_connection(self.engine, f"reading candidates of run {run_id}") as conn:
             for part in chunks(sorted(out)):
-                q = (select(QS.uid, T.id, T.token_ids, T.behaviour_logprobs, T.text, T.step, T.entropy,
-                            T.times_replayed)
-                     .select_from(QS).outerjoin(T, pooled).where(QS.run_id == run_id, QS.uid.in_(part))
-                     .order_by(T.id))
-                rows = all_rows(conn, q)
+                rows = candidate_rows(conn, run_id, part, before_step)
                 missing = set(part) - {r[0] for r in rows}
                 if missing:
                     raise StoreError(f"question uids never registered for run {run_id}: {sorted(missing)[:5]}")
