@@ -144,9 +144,17 @@ def make_accelerator(cfg: ExGRPOConfig):
     from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
     gpu = torch.cuda.is_available()
-    return Accelerator(cpu=not gpu, mixed_precision="bf16" if cfg.model.dtype == "bfloat16" and gpu else "no",
-                       kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False),
-                                        InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.train.dist_timeout_s))])
+    acc = Accelerator(cpu=not gpu, mixed_precision="bf16" if cfg.model.dtype == "bfloat16" and gpu else "no",
+                      kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False),
+                                       InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.train.dist_timeout_s))])
+    kind = str(getattr(acc.distributed_type, "value", acc.distributed_type))
+    if kind not in SUPPORTED_DISTRIBUTED:
+        raise ValueError(f"accelerate distributed_type {kind} is not supported yet: use MULTI_GPU (DDP) or "
+                         f"MULTI_CPU, e.g. configs/accelerate/ddp-8gpu.yaml (docs/scaling.md)")
+    return acc
+
+
+SUPPORTED_DISTRIBUTED = ("NO", "MULTI_CPU", "MULTI_GPU")
 
 
 def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path) -> tuple[Worker, object]:
