@@ -106,6 +106,10 @@ def _meta(base: ExGRPOConfig, preset: str, overrides, arms, seeds, name: str, ev
              "solved K/K in that step, retired before trajectory selection, so their group trains without the "
              "replayed trajectory (all-correct: zero advantage either way).",
              f"Rewards are the last step's values (`mean reward`: over all steps); {held}.",
+             "`responses to on-policy final held-out`: responses generated up to the first evaluation "
+             "(eval.every, and the final one) whose held-out pass@1 reached on_policy's final held-out "
+             "pass@1 (mean over its seeds); — when it never did, or without evaluations; a mean row is — "
+             "when any seed never did.",
              "`paper ID avg (ref)`: the paper's in-distribution average for Qwen2.5-Math-7B (SPEC §1.4), "
              "a reference for the direction of each ablation, not comparable in scale."]
     return {"preset": preset, "overrides": list(overrides or []), "arms": parse_arms(arms),

@@ -51,6 +51,10 @@ def arm_result(store: ExperienceStore, run_id: str, arm: str, seed: int, slots: 
     row["heldout_avg"] = row["heldout"].pop("average", math.nan)
     curves = {"step": steps, **{k: curve[k] for k in CURVE_KEYS},
               "responses_cumulative": _cumsum(generated)}
+    at_step = dict(zip(steps, curves["responses_cumulative"]))
+    held = heldout_curve(store, run_id)  # evaluated after the step's update: responses through that step
+    curves.update(heldout_step=[s for s, _ in held], heldout_pass1=[v for _, v in held],
+                  heldout_responses=[at_step.get(s, math.nan) for s, _ in held])
     return {"row": row, "curves": curves, "slot_trace": trace}
 
 
@@ -71,6 +75,28 @@ def heldout(store: ExperienceStore, run_id: str) -> dict[str, float]:
     if "average" not in out:
         out["average"] = _mean(list(out.values()))
     return out
+
+
+def heldout_curve(store: ExperienceStore, run_id: str) -> list[tuple[int, float]]:
+    """[(step, pass@1 averaged over benchmarks)] for every evaluation of the run, in step order."""
+    by_step: dict[int, list[float]] = {}
+    for e in store.get_evals(run_id) if hasattr(store, "get_evals") else []:
+        by_step.setdefault(e["step"], []).append(e["metrics"].get("pass@1", math.nan))
+    return [(step, _mean(v)) for step, v in sorted(by_step.items())]
+
+
+def add_responses_to_target(results: list[dict], baseline: str = "on_policy") -> float:
+    """Mark each row with the responses generated until its held-out pass@1 first reached the
+    baseline arm's final held-out pass@1 (mean over its seeds); NaN when it never did. Returns the target."""
+    finals = [r["row"]["heldout_avg"] for r in results if r["row"]["arm"] == baseline]
+    target = _mean(finals)
+    for r in results:
+        c = r["curves"]
+        hits = [n for n, v in zip(c.get("heldout_responses", []), c.get("heldout_pass1", []))
+                if not math.isnan(target) and v >= target - 1e-12]
+        r["row"]["heldout_target"] = target
+        r["row"]["responses_to_target"] = hits[0] if hits else math.nan
+    return target
 
 
 def check_budget(results: list[dict]) -> None:
@@ -94,13 +120,17 @@ def mean_rows(rows: list[dict]) -> list[dict]:
             if k not in mean and isinstance(v, (int, float)) and not isinstance(v, bool):
                 mean[k] = _mean([r[k] for r in group])
         mean["heldout"] = {b: _mean([r["heldout"].get(b, math.nan) for r in group]) for b in group[0]["heldout"]}
+        if "responses_to_target" in group[0]:  # a seed that never reached the target makes the mean "never"
+            reach = [r["responses_to_target"] for r in group]
+            mean["responses_to_target"] = math.nan if any(math.isnan(x) for x in reach) else _mean(reach)
         out.append(mean)
     return out
 
 
 COLUMNS = [("arm", "arm"), ("seed", "seed"), ("final_reward", "final reward"), ("mean_reward", "mean reward"),
            ("final_fresh_pass1", "fresh pass@1"), ("heldout_avg", "held-out pass@1 avg"),
-           ("responses_generated", "responses generated"), ("responses_per_step_min", "responses/step min"),
+           ("responses_generated", "responses generated"),
+           ("responses_to_target", "responses to on-policy final held-out"), ("responses_per_step_min", "responses/step min"),
            ("responses_per_step_max", "responses/step max"), ("replayed", "replayed"),
            ("unfilled", "unfilled replay slots"),
            ("slots_per_step", "slots/step (B*K)"), ("slots_ok", "budget ok"), ("buffer_questions", "buffer q"),
@@ -117,9 +147,10 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 
 def write_report(results: list[dict], out_dir: Path, name: str, meta: dict) -> dict[str, str]:
-    """compare_<name>.md/.csv/.json and three PNG plots in out_dir; returns {kind: path}."""
+    """compare_<name>.md/.csv/.json and four PNG plots in out_dir; returns {kind: path}."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [r["row"] for r in results]
+    add_responses_to_target(results)
     all_rows = rows + (mean_rows(rows) if len({r["seed"] for r in rows}) > 1 else [])
     header, cells = table_rows(all_rows)
     stem = out_dir / f"compare_{name}"
@@ -138,13 +169,14 @@ def write_report(results: list[dict], out_dir: Path, name: str, meta: dict) -> d
 
 
 def plot(results: list[dict], out_dir: Path, name: str) -> dict[str, str]:
-    """Reward vs responses generated, buffer growth and retired growth vs step, one line per run."""
+    """Reward and held-out pass@1 vs responses generated, buffer and retired growth vs step, one line per run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     specs = {"reward": ("responses_cumulative", M.REWARD_MEAN, "responses generated", "training reward"),
+             "heldout": ("heldout_responses", "heldout_pass1", "responses generated", "held-out pass@1"),
              "buffer": ("step", M.BUFFER_QUESTIONS, "step", "buffer questions"),
              "retired": ("step", M.RETIRED_QUESTIONS, "step", "retired questions")}
     arms = list(dict.fromkeys(r["row"]["arm"] for r in results))
@@ -154,8 +186,9 @@ def plot(results: list[dict], out_dir: Path, name: str) -> dict[str, str]:
         fig, ax = plt.subplots(figsize=(7, 4))
         for r in results:  # colour = arm, line style = seed
             c, arm, seed = r["curves"], r["row"]["arm"], r["row"]["seed"]
-            ax.plot(c[x], c[y], label=f"{arm} s{seed}", linewidth=1.2, color=plt.cm.tab10(arms.index(arm) % 10),
-                    linestyle=("-", "--", ":", "-.")[seeds.index(seed) % 4])
+            ax.plot(c.get(x, []), c.get(y, []), label=f"{arm} s{seed}", linewidth=1.2,
+                    color=plt.cm.tab10(arms.index(arm) % 10), linestyle=("-", "--", ":", "-.")[seeds.index(seed) % 4],
+                    marker="o" if kind == "heldout" else None, markersize=3)
         ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{name}: {ylabel}")
         ax.legend(fontsize=7, ncol=2)
         ax.grid(alpha=0.3)
@@ -166,7 +199,7 @@ def plot(results: list[dict], out_dir: Path, name: str) -> dict[str, str]:
     return paths
 
 
-_COUNTS = {"responses_generated", "responses_per_step_min", "responses_per_step_max", "replayed", "unfilled",
+_COUNTS = {"responses_generated", "responses_to_target", "responses_per_step_min", "responses_per_step_max", "replayed", "unfilled",
            "slots_per_step", "buffer_questions", "buffer_trajectories", "retired"}
 
 

@@ -135,13 +135,13 @@ def test_rows_budget_and_files_match_the_stored_metrics(tmp_path):
 
     paths = report.write_report(results, tmp_path / "out", "t", {"notes": ["hello"], "preset": "tiny"})
     md = Path(paths["md"]).read_text()
-    assert "| exgrpo | 0 | 0.500 | 0.300 | 0.250 | — | 185 | 60 | 64 | 6 | 1 | 64 | yes | 4 | 6 | 2 | 48.3 |" in md
+    assert "| exgrpo | 0 | 0.500 | 0.300 | 0.250 | — | 185 | — | 60 | 64 | 6 | 1 | 64 | yes | 4 | 6 | 2 | 48.3 |" in md
     doc = json.loads(Path(paths["json"]).read_text())
     assert doc["rows"][0]["run_id"] == a and doc["curves"]["exgrpo/s0"]["rollout/reward_mean"] == [0.1, 0.3, 0.5]
     assert doc["rows"][0]["heldout_avg"] is None  # NaN -> null: standard JSON
     csv_lines = Path(paths["csv"]).read_text().splitlines()
     assert csv_lines[0].startswith("arm,seed,final reward") and csv_lines[1].startswith("on_policy,0,0.400")
-    for kind in ("png_reward", "png_buffer", "png_retired"):
+    for kind in ("png_reward", "png_heldout", "png_buffer", "png_retired"):
         assert Path(paths[kind]).read_bytes()[:4] == b"\x89PNG"
 
     c = _child(store, [(8, 0, 0), (4, 3, 3)], [0.0, 0.0])  # a step of 7 questions: 56 slots
@@ -173,4 +173,29 @@ def test_held_out_columns_come_from_the_latest_stored_evaluation(tmp_path):
     assert r["heldout"] == {"arith": 0.25, "gsm8k": 0.75} and r["heldout_avg"] == 0.5
     header, cells = report.table_rows([r])
     assert header[5:7] == ["arith pass@1", "gsm8k pass@1"] and cells[0][5:8] == ["0.250", "0.750", "0.500"]
+    store.close()
+
+
+def test_responses_to_reach_on_policy_final_held_out(tmp_path):
+    store = ExperienceStore(f"sqlite:///{tmp_path / 'e.db'}")
+    plan = [(8, 0, 0)] * 4  # 64 generated per step: cumulative 64, 128, 192, 256
+    evals = {"on_policy": [[(1, 0.2), (3, 0.4)], [(1, 0.3), (3, 0.5)]],  # target: final mean 0.45
+             "exgrpo": [[(1, 0.5), (3, 0.6)], [(1, 0.1), (3, 0.3)]]}    # seed 1 never gets there
+    results = []
+    for arm, per_seed in evals.items():
+        for seed, points in enumerate(per_seed):
+            run = _child(store, plan, [0.1] * 4)
+            for step, v in points:
+                store.save_eval(run, step, "arith", {"pass@1": v}, 4)
+            results.append(report.arm_result(store, run, arm, seed, 64, None))
+    assert results[0]["curves"]["heldout_responses"] == [128, 256]
+    assert results[0]["curves"]["heldout_pass1"] == [0.2, 0.4]
+    assert report.add_responses_to_target(results) == pytest.approx(0.45)
+    reach = [r["row"]["responses_to_target"] for r in results]
+    assert math.isnan(reach[0]) and reach[1:3] == [256, 128] and math.isnan(reach[3])
+    means = {m["arm"]: m for m in report.mean_rows([r["row"] for r in results])}
+    assert math.isnan(means["exgrpo"]["responses_to_target"]), "a seed that never reached it makes the mean never"
+    assert math.isnan(means["on_policy"]["responses_to_target"])
+    paths = report.write_report(results, tmp_path / "out", "h", {})
+    assert Path(paths["png_heldout"]).read_bytes()[:4] == b"\x89PNG"
     store.close()
