@@ -6,8 +6,10 @@
 For each backend and size: a fresh database (PostgreSQL: a new database on 127.0.0.1:5432, dropped
 afterwards; SQLite: a file in /tmp, deleted afterwards) filled by `synth_store.fill`, then per repeat,
 through `ExperienceStore` exactly as `exgrpo_core/loop.py` calls it:
-  sample   buffer_state + selection.sample_questions of 64 replay questions (plan_batch)
+  sample   sample_replay_questions of 64 replay questions: bucket sizes, then only the chosen uids (for plan_batch)
   fetch    candidates() of those 64 questions: their pooled trajectories, payloads decoded (select_trajectories)
+  sample(ref) the reference path it replaces: buffer_state + selection.sample_questions on a copy of the rng
+           (the two must return the same questions and leave the same rng state; checked every repeat)
   update   apply_buffer_update of the paper's batch: 64 fresh x 8 + 64 replayed x 7 responses (update_buffer)
   replays  record_replays of the 64 chosen trajectories
   retired  retired_uids() (fresh sampling skips retired questions)
@@ -49,7 +51,7 @@ from exgrpo_core.store_engine import scratch_postgres_database  # noqa: E402
 from exgrpo_core.types import GroupResult, Rollout  # noqa: E402
 
 PG_ADMIN = os.environ.get("EXGRPO_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-OPS = ["sample", "fetch", "sample+fetch", "update", "replays", "retired", "retire", "rollback"]
+OPS = ["sample", "fetch", "sample+fetch", "sample(ref)", "update", "replays", "retired", "retire", "rollback"]
 WORDS = "so we get then the sum is equal to both sides check answer step".split()
 
 
@@ -107,10 +109,15 @@ def bench_size(backend: str, n: int, args) -> dict:
         del sim
         for _ in range(args.repeats):
             step = base + 1
+            ref_rng = random.Random()
+            ref_rng.setstate(rng.getstate())
             t0 = time.perf_counter()
-            state = timed(db, "sample", store.buffer_state, run_id, K)
-            replay = selection.sample_questions(state.buckets, 64, weights, rng)
-            db["sample"][-1] = time.perf_counter() - t0
+            state = store.buffer_state(run_id, K)
+            ref = selection.sample_questions(state.buckets, 64, weights, ref_rng)
+            db.setdefault("sample(ref)", []).append(time.perf_counter() - t0)
+            replay = timed(db, "sample", store.sample_replay_questions, run_id, K, 64, weights, rng)
+            if replay != ref or rng.getstate() != ref_rng.getstate():
+                raise RuntimeError("sample_replay_questions differs from sample_questions(buffer_state)")
             cands = timed(db, "fetch", store.candidates, run_id, replay, before_step=step)
             db.setdefault("sample+fetch", []).append(db["sample"][-1] + db["fetch"][-1])
             retired = timed(db, "retired", store.retired_uids, run_id)
