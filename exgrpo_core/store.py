@@ -234,6 +234,8 @@ class ExperienceStore:
         Returns exactly `selection.sample_questions(self.buffer_state(run_id, group_size).buckets, n,
         weights, rng)`, with the same rng calls, but reads only the bucket sizes and the chosen uids.
         `group_size` must be the run's K; bad n or weights raise `selection.SelectionError` as there.
+        The sizes and the uids are two statements: a writer changing this run's pool in between (none
+        in the training loop) can make a chosen position vanish, which is a StoreError.
         """
         with read_connection(self.engine, f"sampling replay questions of run {run_id}") as conn:
             K = conn.execute(select(Run.group_size).where(Run.id == run_id)).scalar_one_or_none()
