@@ -173,13 +173,15 @@ def score(results: list[QuestionResult], pass_k=(), seconds: float = 0.0) -> Eva
 def generate_and_grade(model, tokenizer, items: list[EvalItem], verify: Verify, *, samples: int = 1,
                        temperature: float = 0.6, top_p: float = 1.0, max_new_tokens: int = 8192,
                        max_prompt_tokens: int = 1024, batch_size: int = 64, seed: int = 0,
-                       progress: Callable[[int, int], None] | None = None) -> list[QuestionResult]:
+                       progress: Callable[[int, int], None] | None = None, engine=None) -> list[QuestionResult]:
     """Sample `repeats * samples` responses per item with the rollout engine and grade them.
 
     Prompts are sorted by length so a batch pads little; each chunk of about `batch_size`
-    sequences is generated, then verified. Runs under a forked RNG seeded with `seed`.
+    sequences is generated, then verified. Runs under a forked RNG seeded with `seed`. `engine`: any
+    object with the rollout engine's `generate` already set to top_p / batch_size (e.g. a training
+    run's team of processes); default: a transformers engine over `model`.
     """
-    engine = TransformersEngine(model, tokenizer, top_p=top_p, batch_size=batch_size)
+    engine = engine or TransformersEngine(model, tokenizer, top_p=top_p, batch_size=batch_size)
     prompts = [data.prompt_token_ids(tokenizer, it.question, max_prompt_tokens) for it in items]
     order = sorted(range(len(items)), key=lambda i: (items[i].repeats, len(prompts[i])))
     results: list[QuestionResult | None] = [None] * len(items)

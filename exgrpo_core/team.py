@@ -44,11 +44,18 @@ class Worker:
         return D.topology()
 
     def generate(self, args) -> list[list[Generation]]:
-        prompts, n, kwargs, seed = args
+        prompts, n, kwargs, seed, settings = args
         mine = D.shard(prompts, self.topo.rank, self.topo.world)
         if seed is not None:
             torch.manual_seed(seed + self.topo.rank)
-        return self.engine.generate(mine, n, **kwargs) if mine else []
+        saved = {k: getattr(self.engine, k) for k in settings}
+        try:
+            for k, v in settings.items():  # e.g. evaluation's top_p and batch size
+                setattr(self.engine, k, v)
+            return self.engine.generate(mine, n, **kwargs) if mine else []
+        finally:
+            for k, v in saved.items():
+                setattr(self.engine, k, v)
 
     @torch.no_grad()
     def score(self, args) -> list[tuple[list[float], float]]:
@@ -116,11 +123,16 @@ class Team:
         return D.gather_lists(part) if op in _GATHERED else part
 
     def generate(self, prompts: list[list[int]], n: int, *, temperature: float,
-                 max_new_tokens: int) -> list[list[Generation]]:
-        """The rollout engine's `generate`, spread over the processes."""
+                 max_new_tokens: int, **settings) -> list[list[Generation]]:
+        """The rollout engine's `generate`, spread over the processes; `settings` (top_p, batch_size)
+        replace the engine's own for this call."""
         seed = int(torch.randint(0, 2**62, (1,))) if self.world > 1 else None
         return self._run("generate", (prompts, n, {"temperature": temperature, "max_new_tokens": max_new_tokens},
-                                      seed))
+                                      seed, settings))
+
+    def engine_view(self, **settings) -> "EngineView":
+        """A rollout-engine-like object whose `generate` runs here with `settings` (evaluation)."""
+        return EngineView(self, settings)
 
     def score(self, rollouts: list[Rollout], entropy_kind: str) -> list[tuple[list[float], float]]:
         return self._run("score", (rollouts, entropy_kind))
@@ -138,6 +150,15 @@ class Team:
         if self.world > 1 and not self._stopped:
             self._stopped = True
             D.broadcast(("stop", None))
+
+
+@dataclass
+class EngineView:
+    team: Team
+    settings: dict
+
+    def generate(self, prompts, n, *, temperature: float, max_new_tokens: int):
+        return self.team.generate(prompts, n, temperature=temperature, max_new_tokens=max_new_tokens, **self.settings)
 
 
 def serve(worker: Worker) -> None:

@@ -86,7 +86,10 @@ class TrainingEvaluator:
         return every > 0 and (step + 1) % every == 0
 
     def run(self, s, tracker, step: int) -> dict:
-        report = run_eval(s.accelerator.unwrap_model(s.model), s.tokenizer, self.items, s.verify, self.args)
+        """Evaluate the session's model now; sampling is spread over the run's processes (s.team)."""
+        engine = s.team.engine_view(top_p=self.args["top_p"], batch_size=self.args["batch_size"])
+        report = run_eval(s.accelerator.unwrap_model(s.model), s.tokenizer, self.items, s.verify,
+                          {**self.args, "engine": engine})
         return record(report, store=s.store, run_id=s.run_id, step=step, tracker=tracker,
                       out_dir=s.run_dir / "eval", label=self.cfg.run.name)
 

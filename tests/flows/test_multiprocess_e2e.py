@@ -1,8 +1,8 @@
 """Two training processes (`torchrun --nproc_per_node 2`, gloo on CPU) of the tiny preset, end to end.
 
 Rank 0 runs the Prefect flow (real server), the database and MLflow; rank 1 follows. Checks: the run
-trains with replay and retirement, both processes hold the same weights after every step, MLflow gets
-the declared metrics; and a run stopped after 3 steps and resumed from its checkpoint writes exactly
+trains with replay and retirement, both processes hold the same weights after every step, evaluation
+is sampled by both processes, MLflow gets the declared metrics; and a run stopped after 3 steps and resumed from its checkpoint writes exactly
 the trajectories and metrics of an uninterrupted 6-step run.
 """
 
@@ -28,7 +28,8 @@ TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size":
 
 
 def _torchrun(tmp_path: Path, overrides: list[str], name: str, steps: int) -> str:
-    sets = [*overrides, f"run.name={name}", f"run.steps={steps}", "run.checkpoint_every=2"]
+    sets = [*overrides, f"run.name={name}", f"run.steps={steps}", "run.checkpoint_every=2", "eval.every=3",
+            "eval.suites=[bundled:tiny-arith]", "eval.max_questions=24", "eval.samples=2"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "flows.cli", "train", "--config", "configs/tiny.yaml", *sum((["--set", s] for s in sets), [])]
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
@@ -48,7 +49,13 @@ def _trajectories(db: Path, name: str):
 def _metrics(db: Path, name: str) -> dict[tuple[int, str], float]:
     rows = _rows(db, "select m.step, m.key, m.value from step_metrics m join runs r on r.id = m.run_id "
                      "where r.name = :n", n=name)
-    return {(s, k): v for s, k, v in rows if not k.startswith("perf/")}
+    return {(s, k): v for s, k, v in rows if not k.startswith("perf/") and "seconds" not in k and "_per_s" not in k}
+
+
+def _evals(db: Path, name: str):
+    return _rows(db, "select e.step, e.benchmark, e.metric, e.value, e.n from eval_results e join runs r "
+                     "on r.id = e.run_id where r.name = :n and e.metric not like '%seconds%' "
+                     "order by e.step, e.benchmark, e.metric", n=name)
 
 
 def test_two_processes_train_and_resume_exactly(tmp_path, prefect_server, tiny_overrides):
@@ -65,6 +72,10 @@ def test_two_processes_train_and_resume_exactly(tmp_path, prefect_server, tiny_o
     sums = dict(_rows(db, "select key, sum(value) from step_metrics where run_id=:r group by key", r=run_id))
     assert sums[M.REPLAYED_SAMPLES] > 0 and sums[M.REPLAY_TOKENS] > 0, "no replayed sample was trained on"
     assert sums[M.RESPONSES] + sums[M.REPLAYED_SAMPLES] <= 6 * 64
+
+    evals = _evals(db, "mp")  # evaluation sampled by both processes (team.engine_view) at steps 2 and 5
+    assert {e[0] for e in evals} == {2, 5} and any(e[2] == "pass@1" for e in evals)
+    assert {e[4] for e in evals if e[1] != "average"} == {24}
 
     init, _ = load_policy("tiny", tiny=TINY, seed=0)
     final, _ = load_policy(str(latest_checkpoint(tmp_path / "runs" / "mp")))
@@ -89,6 +100,7 @@ def test_two_processes_train_and_resume_exactly(tmp_path, prefect_server, tiny_o
     assert ma.keys() == mb.keys()
     diff = {k: (ma[k], mb[k]) for k in ma if not math.isclose(ma[k], mb[k], rel_tol=1e-6, abs_tol=1e-9)}
     assert not diff, f"metrics differ after resume: {sorted(diff.items())[:8]}"
+    assert _evals(db, "mp-resumed") == evals, "the resumed run evaluated differently"
     history = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(
         mlflow_resumed, M.REWARD_MEAN)
     assert sorted(m.step for m in history) == list(range(6)), "the resumed run did not continue its MLflow run"
