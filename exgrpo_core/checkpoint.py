@@ -39,17 +39,20 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer, loop_state: dict,
-                    keep: int = 2) -> Path:
-    """Write step `step` atomically and prune all but the `keep` newest checkpoints."""
+                    keep: int = 2, model_state: dict | None = None, optimizer_state: dict | None = None) -> Path:
+    """Write step `step` atomically and prune all but the `keep` newest checkpoints.
+
+    `model_state` / `optimizer_state`: full state dicts gathered from sharded processes (fsdp.py),
+    used instead of the model's and optimiser's own."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
     tokenizer.save_pretrained(tmp)
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(), "loop": loop_state},
-               tmp / STATE_FILE)
+    optim = optimizer_state if optimizer_state is not None else optimizer.state_dict()
+    torch.save({"step": step, "optimizer": optim, "rng": rng_state(), "loop": loop_state}, tmp / STATE_FILE)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:

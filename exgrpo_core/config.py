@@ -184,6 +184,9 @@ class TrainConfig(_Section):
     micro_batch_tokens: int | None = Field(default=None, ge=1)
     """Also cap a forward/backward pass at this many padded tokens (rows x longest row), so long
     responses get smaller micro-batches instead of running out of memory (None: rows only)."""
+    sharding: Literal["replicate", "fsdp2"] = "replicate"
+    """replicate: every process holds the whole model, gradients summed once per optimiser step (DDP);
+    fsdp2: parameters, gradients and AdamW state sharded over the processes (torch FSDP2)."""
     dist_timeout_s: int = Field(default=3600, ge=1)
     """With several processes: how long a collective waits (followers wait while rank 0 evaluates)."""
     lr: float = Field(default=1e-6, gt=0)

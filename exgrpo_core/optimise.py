@@ -28,7 +28,7 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
              aggregation: str, max_response_len: int, entropy_coef: float, kl_coef: float,
              ref_model, max_grad_norm: float, skip_grad_norm: float | None,
              temperature: float = 1.0, micro_batch_tokens: int | None = None,
-             shard: tuple[int, int] = (0, 1)) -> dict[str, float]:
+             shard: tuple[int, int] = (0, 1), sharded: bool = False) -> dict[str, float]:
     """Run `n_minibatches` optimiser steps over the batch; return averaged detached stats."""
     rank, world = shard
     model.train()
@@ -42,12 +42,20 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
                  else losses.seq_sum_norm_denominator(len(rows), max_response_len))
         optimizer.zero_grad(set_to_none=True)
         part = select_rows(mini, share_rows(mini, rank, world)) if world > 1 else mini
-        with _local_grads(model, world):
-            for micro_rows in micro_batch_rows(part, micro_batch_size, micro_batch_tokens):
-                micro = select_rows(part, micro_rows)
+        micros: list[list[int] | None] = list(micro_batch_rows(part, micro_batch_size, micro_batch_tokens))
+        if sharded:  # FSDP2: the same number of passes everywhere; padding passes train nothing
+            micros += [None] * (int(D.all_reduce_max(float(len(micros)))) - len(micros))
+        with _local_grads(model, 1 if sharded else world):
+            for i, micro_rows in enumerate(micros):
+                micro = select_rows(part, micro_rows) if micro_rows is not None else select_rows(mini, [0])
                 loss, stats = _micro_loss(model, micro, denom, onpolicy_term, replay_term,
                                           entropy_coef, kl_coef, ref_model, micro_batch_size, temperature)
-                accelerator.backward(loss)
+                if sharded:  # reduce-scatter once, after the last pass; FSDP2 averages, we want the sum
+                    model.set_requires_gradient_sync(i == len(micros) - 1)
+                    loss = loss * world
+                accelerator.backward(loss if micro_rows is not None else loss * 0.0)
+                if micro_rows is None:
+                    continue
                 for k, v in stats.items():
                     if k == "loss/iw_max":
                         maxes[k] = max(maxes[k], v)
@@ -55,7 +63,7 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
                         sums[k] += v
                     else:  # a mean over the micro-batch's tokens of its kind: weight by that count
                         sums[k] += v * stats[_WEIGHT_BY.get(k, "loss/onpolicy_tokens")]
-        if world > 1:
+        if world > 1 and not sharded:
             D.all_reduce_grads(model.parameters())
         grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
         if skip_grad_norm is not None and (grad_norm > skip_grad_norm or not math.isfinite(grad_norm)):

@@ -32,6 +32,7 @@ class TransformersEngine:
         self.eos_ids = eos_token_ids(
             getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.synced = False  # FSDP2: keep stepping until every process is done (forwards are collectives)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, *, temperature: float,
@@ -60,7 +61,7 @@ class TransformersEngine:
             input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True,
             temperature=temperature, top_p=self.top_p, top_k=0, max_new_tokens=max_new_tokens,
             pad_token_id=self.pad_id, eos_token_id=self.eos_ids, output_scores=True,
-            return_dict_in_generate=True)
+            return_dict_in_generate=True, synced_gpus=self.synced)
         seqs = res.sequences[:, width:].cpu()  # [n, T]
         token_logp = torch.zeros(seqs.shape)  # [n, T]
         ent = torch.zeros(seqs.shape)  # [n, T]

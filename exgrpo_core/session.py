@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from exgrpo_core import checkpoint, data, distributed as D, models
+from exgrpo_core import checkpoint, data, distributed as D, fsdp, models
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.rewards import MathVerifier
 from exgrpo_core.rollout import TransformersEngine
@@ -70,10 +70,12 @@ class Session:
                 "rng": self.rng.getstate(), "mlflow_run_id": self.mlflow_run_id}
 
     def save(self) -> Path:
-        """Checkpoint the completed step `self.step - 1`."""
+        """Checkpoint the completed step `self.step - 1` (FSDP2: full state gathered from every process)."""
+        full = self.team.full_state() if self.team else None
         return checkpoint.save_checkpoint(
             self.run_dir, self.step - 1, self.accelerator.unwrap_model(self.model), self.tokenizer,
-            self.optimizer, self.loop_state(), keep=self.cfg.run.keep_checkpoints)
+            self.optimizer, self.loop_state(), keep=self.cfg.run.keep_checkpoints,
+            model_state=full[0] if full else None, optimizer_state=full[1] if full else None)
 
     def close(self) -> None:
         for fn in reversed(self._closers):
@@ -128,7 +130,7 @@ def run_follower(cfg: ExGRPOConfig) -> None:
     run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
     worker, _ = open_worker(cfg, accelerator, Path(ckpt) if ckpt else None, run_dir)
     if ckpt:
-        worker.optimizer.load_state_dict(checkpoint.load_trainer_state(Path(ckpt))["optimizer"])
+        worker.load_optimizer(checkpoint.load_trainer_state(Path(ckpt))["optimizer"])
     serve(worker)
 
 
@@ -174,13 +176,21 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
         ref_model, _ = models.load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype,
                                           tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed)
         ref_model.eval().requires_grad_(False)
+    sharded = cfg.train.sharding == "fsdp2"
+    if sharded:  # FSDP2 before the optimiser, which must see the sharded parameters; no DDP wrapper
+        if cfg.rollout.engine != "transformers":
+            raise ValueError("train.sharding=fsdp2 with rollout.engine=vllm is not supported yet (docs/scaling.md)")
+        model = fsdp.shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    if not sharded:
+        model, optimizer = accelerator.prepare(model, optimizer)
     if ref_model is not None:
         ref_model.to(accelerator.device)
     engine = _make_engine(cfg, accelerator.unwrap_model(model), tokenizer, source, run_dir)
+    engine.synced = sharded
     worker = Worker(model=model, optimizer=optimizer, accelerator=accelerator, engine=engine, ref_model=ref_model,
-                    scoring_micro_batch=2 * cfg.train.micro_batch_size, temperature=cfg.rollout.temperature)
+                    scoring_micro_batch=2 * cfg.train.micro_batch_size, temperature=cfg.rollout.temperature,
+                    sharded=sharded)
     return worker, tokenizer
 
 
@@ -207,7 +217,7 @@ def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str, run_dir: Path
 def _restore(session: Session, state: dict) -> None:
     """Continue after the checkpointed step; drop experience written after it."""
     step = state["step"]
-    session.optimizer.load_state_dict(state["optimizer"])
+    session.team.worker.load_optimizer(state["optimizer"])
     checkpoint.set_rng_state(state["rng"])
     loop = state["loop"]
     session.replay_active = loop["replay_active"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exgrpo_core import distributed as D, metrics as M, policy
+from exgrpo_core import distributed as D, fsdp, metrics as M, policy
 from exgrpo_core.batch import collate
 from exgrpo_core.optimise import optimise
 from exgrpo_core.types import Generation, Rollout
@@ -38,21 +38,31 @@ class Worker:
     ref_model: torch.nn.Module | None
     scoring_micro_batch: int
     temperature: float
+    sharded: bool = False           # FSDP2: every forward is a collective
 
     @property
     def topo(self) -> D.Topology:
         return D.topology()
 
+    def _share(self, items: list) -> tuple[list, int]:
+        """This process's contiguous share and its real length; with FSDP2 padded (with copies) to
+        the largest share, so every process runs the same number of forward passes."""
+        mine = D.shard(items, self.topo.rank, self.topo.world)
+        real = len(mine)
+        if self.sharded and items:
+            mine += [(mine or items)[0]] * (-(-len(items) // self.topo.world) - real)
+        return mine, real
+
     def generate(self, args) -> list[list[Generation]]:
         prompts, n, kwargs, seed, settings = args
-        mine = D.shard(prompts, self.topo.rank, self.topo.world)
+        mine, real = self._share(prompts)
         if seed is not None:
             torch.manual_seed(seed + self.topo.rank)
         saved = {k: getattr(self.engine, k) for k in settings}
         try:
             for k, v in settings.items():  # e.g. evaluation's top_p and batch size
                 setattr(self.engine, k, v)
-            return self.engine.generate(mine, n, **kwargs) if mine else []
+            return self.engine.generate(mine, n, **kwargs)[:real] if mine else []
         finally:
             for k, v in saved.items():
                 setattr(self.engine, k, v)
@@ -61,7 +71,7 @@ class Worker:
     def score(self, args) -> list[tuple[list[float], float]]:
         """(response log-probs, H(o) or NLL) of this rank's share of the rollouts (SPEC §1.1)."""
         rollouts, entropy_kind = args
-        mine: list[Rollout] = D.shard(rollouts, self.topo.rank, self.topo.world)
+        mine, real = self._share(rollouts)
         if not mine:
             return []
         model = self.accelerator.unwrap_model(self.model)
@@ -76,7 +86,7 @@ class Worker:
         model.train(was_training)
         mask = batch.response_mask.to(logp.device)
         h = policy.trajectory_entropy(ent, mask) if entropy_kind == "mean" else policy.trajectory_nll(logp, mask)
-        return [(logp[i][mask[i]].float().cpu().tolist(), float(h[i])) for i in range(len(mine))]
+        return [(logp[i][mask[i]].float().cpu().tolist(), float(h[i])) for i in range(real)]
 
     def optimise(self, args) -> dict[str, float]:
         batch, kwargs = args
@@ -86,14 +96,26 @@ class Worker:
             if getattr(batch, name) is not None:
                 setattr(batch, name, getattr(batch, name).to(dev))
         stats = optimise(self.model, self.optimizer, self.accelerator, batch, ref_model=self.ref_model,
-                         shard=(self.topo.rank, self.topo.world), **kwargs)
-        if self.topo.world > 1:
+                         shard=(self.topo.rank, self.topo.world), sharded=self.sharded, **kwargs)
+        if self.topo.world > 1 and not self.sharded:  # FSDP2 shards differ by design
             stats[PARAM_GAP] = param_gap(self.accelerator.unwrap_model(self.model))
         return stats
 
 
+    def full_state(self, args=None) -> tuple[dict, dict] | None:
+        """FSDP2: the full model and optimiser state dicts, on rank 0 (None elsewhere)."""
+        model_state, optim_state = fsdp.full_state(self.model, self.optimizer)
+        return (model_state, optim_state) if self.topo.is_main else None
+
+    def load_optimizer(self, state: dict) -> None:
+        if self.sharded:
+            fsdp.load_optimizer(self.model, self.optimizer, state)
+        else:
+            self.optimizer.load_state_dict(state)
+
+
 PARAM_GAP = M.DIST_PARAM_GAP
-_OPS = ("generate", "score", "optimise")
+_OPS = ("generate", "score", "optimise", "full_state")
 _GATHERED = ("generate", "score")
 
 
@@ -144,6 +166,10 @@ class Team:
             raise TeamError(f"training processes hold different weights after the optimiser step "
                             f"(summed parameters differ by {gap:.3g} relative); gradients were not reduced the same way")
         return stats
+
+    def full_state(self) -> tuple[dict, dict] | None:
+        """Full model and optimiser state dicts gathered from every process (FSDP2), else None."""
+        return self._run("full_state", None) if self.worker.sharded else None
 
     def stop(self) -> None:
         """Release the followers (idempotent; a no-op with one process)."""

@@ -1,4 +1,5 @@
-"""Two training processes (`torchrun --nproc_per_node 2`, gloo on CPU) of the tiny preset, end to end.
+"""Two training processes (`torchrun --nproc_per_node 2`, gloo on CPU) of the tiny preset, end to end,
+with the weights replicated (DDP-style) and sharded (FSDP2, checkpoints gathered on rank 0).
 
 Rank 0 runs the Prefect flow (real server), the database and MLflow; rank 1 follows. Checks: the run
 trains with replay and retirement, both processes hold the same weights after every step, evaluation
@@ -58,8 +59,10 @@ def _evals(db: Path, name: str):
                      "order by e.step, e.benchmark, e.metric", n=name)
 
 
-def test_two_processes_train_and_resume_exactly(tmp_path, prefect_server, tiny_overrides):
+@pytest.mark.parametrize("sharding", ["replicate", "fsdp2"])
+def test_two_processes_train_and_resume_exactly(tmp_path, prefect_server, tiny_overrides, sharding):
     db = tmp_path / "exp.db"
+    tiny_overrides = [*tiny_overrides, f"train.sharding={sharding}"]
     out = _torchrun(tmp_path, tiny_overrides, "mp", 6)
     assert "step    6/6" in out, out[-3000:]
     (run_id, status, step, mlflow_id), = _rows(db, "select id, status, step, mlflow_run_id from runs where name='mp'")
@@ -67,8 +70,9 @@ def test_two_processes_train_and_resume_exactly(tmp_path, prefect_server, tiny_o
 
     gaps = _rows(db, "select step, value from step_metrics where run_id=:r and key=:k order by step",
                  r=run_id, k=M.DIST_PARAM_GAP)
-    assert [s for s, _ in gaps] == list(range(6)), "the weight check between processes did not run every step"
-    assert all(v == 0.0 for _, v in gaps), f"processes drifted apart: {gaps}"
+    if sharding == "replicate":  # FSDP2 shards differ by design: nothing to compare
+        assert [s for s, _ in gaps] == list(range(6)), "the weight check between processes did not run every step"
+        assert all(v == 0.0 for _, v in gaps), f"processes drifted apart: {gaps}"
     sums = dict(_rows(db, "select key, sum(value) from step_metrics where run_id=:r group by key", r=run_id))
     assert sums[M.REPLAYED_SAMPLES] > 0 and sums[M.REPLAY_TOKENS] > 0, "no replayed sample was trained on"
     assert sums[M.RESPONSES] + sums[M.REPLAYED_SAMPLES] <= 6 * 64
@@ -85,7 +89,7 @@ def test_two_processes_train_and_resume_exactly(tmp_path, prefect_server, tiny_o
     import mlflow
 
     run = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(mlflow_id)
-    assert M.DIST_PARAM_GAP in run.data.metrics and M.REWARD_MEAN in run.data.metrics
+    assert (M.DIST_PARAM_GAP in run.data.metrics) == (sharding == "replicate") and M.REWARD_MEAN in run.data.metrics
     assert not [k for k in run.data.metrics if not M.declared(k, 8)]
 
     # stop after 3 steps, resume to 6: the same experience and metrics as the uninterrupted run
