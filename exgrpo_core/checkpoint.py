@@ -1,6 +1,7 @@
 """Resumable checkpoints: model + tokenizer, optimiser, RNG states, step and loop state.
 
-Layout: `run_dir/checkpoints/step_000010/{model files, trainer_state.pt}`, written to a temporary
+Layout: `run_dir/checkpoints/step_000010/{model files, trainer_state.pt}` (FSDP2 adds `optimizer/`,
+each process's optimiser shard in torch.distributed.checkpoint format), written to a temporary
 folder and renamed, so a kill mid-save never leaves a half checkpoint that looks complete. The
 experience database is rolled back to the checkpoint's step on resume (`ExperienceStore.rollback_to`).
 """
@@ -10,11 +11,13 @@ from __future__ import annotations
 import random
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 STATE_FILE = "trainer_state.pt"
+OPTIMIZER_SHARDS = "optimizer"
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -39,11 +42,13 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer, loop_state: dict,
-                    keep: int = 2, model_state: dict | None = None, optimizer_state: dict | None = None) -> Path:
+                    keep: int = 2, model_state: dict | None = None,
+                    optimizer_shards: Callable[[Path], None] | None = None) -> Path:
     """Write step `step` atomically and prune all but the `keep` newest checkpoints.
 
-    `model_state` / `optimizer_state`: full state dicts gathered from sharded processes (fsdp.py),
-    used instead of the model's and optimiser's own."""
+    `model_state`: the full model state gathered from sharded processes (fsdp.py), used instead of
+    the model's own. `optimizer_shards(folder)`: writes the optimiser state as per-process shards
+    (every process takes part); the state file then holds `optimizer: None`."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
@@ -51,7 +56,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
     tokenizer.save_pretrained(tmp)
-    optim = optimizer_state if optimizer_state is not None else optimizer.state_dict()
+    if optimizer_shards is not None:
+        optimizer_shards(tmp / OPTIMIZER_SHARDS)
+    optim = None if optimizer_shards is not None else optimizer.state_dict()
     torch.save({"step": step, "optimizer": optim, "rng": rng_state(), "loop": loop_state}, tmp / STATE_FILE)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

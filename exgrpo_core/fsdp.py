@@ -4,7 +4,9 @@ Each decoder layer and then the whole model become `fully_shard` units on a 1-D 
 processes (gloo on CPU, NCCL on GPU). With sharded parameters every forward pass is a collective, so
 callers make every process run the same number of passes (team.py pads shares, optimise.py pads
 micro-batches with zero-weight rows). Checkpoints gather the full weights and optimiser state on
-rank 0 and stay ordinary Hugging Face folders; on resume every process loads them and re-shards.
+rank 0 (the weights stay an ordinary Hugging Face folder) and each process writes its own optimiser
+shard (torch.distributed.checkpoint); on resume every process loads the weights, re-shards them
+and reads its optimiser shard.
 """
 
 from __future__ import annotations
@@ -48,17 +50,33 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """Full (unsharded, CPU) model and optimiser state dicts on rank 0; every process must call this."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+def full_model_state(model: nn.Module) -> dict:
+    """The full (unsharded, CPU) model state dict on rank 0; every process must call this."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, optimizer, options=opts)
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def save_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str) -> None:
+    """Each process writes its optimiser shard into `folder` (every process must call this)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=folder)
+
+
+def load_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str) -> None:
+    """Read this process's optimiser shard from `folder` (every process must call this)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the layout to fill, states initialised
+    dcp.load(state, checkpoint_id=folder)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
 def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Load a full optimiser state dict (from `full_state`) into this process's shard."""
+    """Load a full optimiser state dict (a checkpoint written without sharding) into this process's shard."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

@@ -70,12 +70,11 @@ class Session:
                 "rng": self.rng.getstate(), "mlflow_run_id": self.mlflow_run_id}
 
     def save(self) -> Path:
-        """Checkpoint the completed step `self.step - 1` (FSDP2: full state gathered from every process)."""
-        full = self.team.full_state() if self.team else None
+        """Checkpoint the completed step `self.step - 1` (FSDP2: weights gathered, optimiser per process)."""
         return checkpoint.save_checkpoint(
             self.run_dir, self.step - 1, self.accelerator.unwrap_model(self.model), self.tokenizer,
             self.optimizer, self.loop_state(), keep=self.cfg.run.keep_checkpoints,
-            model_state=full[0] if full else None, optimizer_state=full[1] if full else None)
+            model_state=self.team.model_state(), optimizer_shards=self.team.optimizer_writer())
 
     def close(self) -> None:
         for fn in reversed(self._closers):
@@ -119,7 +118,7 @@ def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
     session._closers.append(store.close)
     session._closers.append(session.team.stop)  # runs first on close: followers exit even if a close fails
     if state:
-        _restore(session, state)
+        _restore(session, state, ckpt)
     return session
 
 
@@ -129,9 +128,7 @@ def run_follower(cfg: ExGRPOConfig) -> None:
     ckpt = D.broadcast(None)
     run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
     worker, _ = open_worker(cfg, accelerator, Path(ckpt) if ckpt else None, run_dir)
-    if ckpt:
-        worker.load_optimizer(checkpoint.load_trainer_state(Path(ckpt))["optimizer"])
-    serve(worker)
+    serve(worker)  # on resume the first operation is load_optimizer
 
 
 def make_accelerator(cfg: ExGRPOConfig):
@@ -214,10 +211,10 @@ def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str, run_dir: Path
                       enforce_eager=cfg.rollout.vllm_enforce_eager)
 
 
-def _restore(session: Session, state: dict) -> None:
+def _restore(session: Session, state: dict, ckpt: Path) -> None:
     """Continue after the checkpointed step; drop experience written after it."""
     step = state["step"]
-    session.team.worker.load_optimizer(state["optimizer"])
+    session.team.load_optimizer(ckpt)  # every process
     checkpoint.set_rng_state(state["rng"])
     loop = state["loop"]
     session.replay_active = loop["replay_active"]

@@ -16,10 +16,11 @@ Only rank 0 touches the database, MLflow and Prefect (docs/scaling.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from exgrpo_core import distributed as D, fsdp, metrics as M, policy
+from exgrpo_core import checkpoint, distributed as D, fsdp, metrics as M, policy
 from exgrpo_core.batch import collate
 from exgrpo_core.optimise import optimise
 from exgrpo_core.types import Generation, Rollout
@@ -102,20 +103,27 @@ class Worker:
         return stats
 
 
-    def full_state(self, args=None) -> tuple[dict, dict] | None:
-        """FSDP2: the full model and optimiser state dicts, on rank 0 (None elsewhere)."""
-        model_state, optim_state = fsdp.full_state(self.model, self.optimizer)
-        return (model_state, optim_state) if self.topo.is_main else None
+    def model_state(self, args=None) -> dict | None:
+        """FSDP2: the full model state dict, on rank 0 (None elsewhere)."""
+        state = fsdp.full_model_state(self.model)
+        return state if self.topo.is_main else None
 
-    def load_optimizer(self, state: dict) -> None:
-        if self.sharded:
+    def save_optimizer(self, folder: str) -> None:
+        fsdp.save_optimizer_shards(self.model, self.optimizer, folder)
+
+    def load_optimizer(self, ckpt: str) -> None:
+        """The optimiser state of checkpoint folder `ckpt`: its shards (FSDP2) or the full state dict."""
+        state = checkpoint.load_trainer_state(ckpt)["optimizer"]
+        if state is None:
+            fsdp.load_optimizer_shards(self.model, self.optimizer, str(Path(ckpt) / checkpoint.OPTIMIZER_SHARDS))
+        elif self.sharded:
             fsdp.load_optimizer(self.model, self.optimizer, state)
         else:
             self.optimizer.load_state_dict(state)
 
 
 PARAM_GAP = M.DIST_PARAM_GAP
-_OPS = ("generate", "score", "optimise", "full_state")
+_OPS = ("generate", "score", "optimise", "model_state", "save_optimizer", "load_optimizer")
 _GATHERED = ("generate", "score")
 
 
@@ -167,9 +175,17 @@ class Team:
                             f"(summed parameters differ by {gap:.3g} relative); gradients were not reduced the same way")
         return stats
 
-    def full_state(self) -> tuple[dict, dict] | None:
-        """Full model and optimiser state dicts gathered from every process (FSDP2), else None."""
-        return self._run("full_state", None) if self.worker.sharded else None
+    def model_state(self) -> dict | None:
+        """The full model state gathered from every process (FSDP2), else None (the model holds it)."""
+        return self._run("model_state", None) if self.worker.sharded else None
+
+    def optimizer_writer(self):
+        """FSDP2: a function writing every process's optimiser shard into a folder, else None."""
+        return (lambda folder: self._run("save_optimizer", str(folder))) if self.worker.sharded else None
+
+    def load_optimizer(self, ckpt: Path) -> None:
+        """Every process loads checkpoint `ckpt`'s optimiser state."""
+        self._run("load_optimizer", str(ckpt))
 
     def stop(self) -> None:
         """Release the followers (idempotent; a no-op with one process)."""

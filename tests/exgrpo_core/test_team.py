@@ -68,8 +68,8 @@ def _run(worker: Worker) -> dict:
     gens_a = team.generate([[1, 7, 9], [1, 8, 9, 9], [1, 9]], 2, temperature=1.0, max_new_tokens=4)
     torch.manual_seed(5)
     gens_b = team.generate([[1, 7, 9], [1, 8, 9, 9], [1, 9]], 2, temperature=1.0, max_new_tokens=4)
-    full = team.full_state()  # FSDP2: gathered from both processes
-    state = full[0] if full else worker.accelerator.unwrap_model(worker.model).state_dict()
+    full = team.model_state()  # FSDP2: gathered from both processes
+    state = full if full is not None else worker.accelerator.unwrap_model(worker.model).state_dict()
     params = {k: v.detach().tolist() for k, v in state.items()}
     return {"scored": scored, "stats": stats, "params": params,
             "gens": [[g.response_ids for g in group] for group in gens_a],
