@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -143,6 +144,7 @@ def make_accelerator(cfg: ExGRPOConfig):
     from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
     gpu = torch.cuda.is_available()
+    warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated")  # we mean: no buffer sync at all
     acc = Accelerator(cpu=not gpu, mixed_precision="bf16" if cfg.model.dtype == "bfloat16" and gpu else "no",
                       kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False),
                                        InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.train.dist_timeout_s))])
