@@ -50,3 +50,12 @@ def test_malformed_dataset_row_is_named_and_existing_experience_kept(tmp_path, t
         assert c.execute(sa.text("select count(*) from group_results")).scalar() == 8
         assert c.execute(sa.text("select status from runs where name='keep'")).scalar() == "finished"
     eng.dispose()
+
+
+def test_commands_other_than_train_refuse_several_processes():
+    import os
+
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "compare", "--config", "tiny"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "WORLD_SIZE": "2"})
+    out = (proc.stdout + proc.stderr).replace("\n", " ")
+    assert proc.returncode == 2 and "only `exgrpo train` runs in several processes" in out
