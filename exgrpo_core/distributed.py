@@ -96,3 +96,11 @@ def all_keys(keys: Sequence[str]) -> list[str]:
     parts: list[Any] = [None] * topology().world
     dist.all_gather_object(parts, list(keys))
     return sorted({k for p in parts for k in p})
+
+
+def shutdown() -> None:
+    """Leave the process group together (barrier, then destroy): a process that exits with the group
+    still alive can abort in gloo's teardown ("terminate called without an active exception")."""
+    if topology().world > 1:
+        dist.barrier()
+        dist.destroy_process_group()

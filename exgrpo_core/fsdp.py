@@ -79,4 +79,9 @@ def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, state: di
     """Load a full optimiser state dict (a checkpoint written without sharding) into this process's shard."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+    names = [n for n, _ in model.named_parameters()]  # torch's own state dict keys parameters by index
+    if any(isinstance(k, int) for k in state.get("state", {})) or any(
+            isinstance(p, int) for g in state.get("param_groups", []) for p in g["params"]):
+        state = {"state": {names[k]: v for k, v in state["state"].items()},
+                 "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

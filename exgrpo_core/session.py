@@ -130,6 +130,7 @@ def run_follower(cfg: ExGRPOConfig) -> None:
     run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
     worker, _ = open_worker(cfg, accelerator, Path(ckpt) if ckpt else None, run_dir)
     serve(worker)  # on resume the first operation is load_optimizer
+    D.shutdown()
 
 
 def make_accelerator(cfg: ExGRPOConfig):

@@ -192,6 +192,7 @@ class Team:
         if self.world > 1 and not self._stopped:
             self._stopped = True
             D.broadcast(("stop", None))
+            D.shutdown()
 
 
 @dataclass

@@ -114,3 +114,11 @@ def test_two_processes_train_and_resume_exactly(tmp_path, prefect_server, tiny_o
     history = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(
         mlflow_resumed, M.REWARD_MEAN)
     assert sorted(m.step for m in history) == list(range(6)), "the resumed run did not continue its MLflow run"
+
+    if sharding == "replicate":  # a replicated checkpoint (whole optimiser state) resumed with FSDP2
+        out = _torchrun(tmp_path, [*tiny_overrides, "train.sharding=fsdp2"], "mp", 8)
+        assert "resumed run" in out, out[-3000:]
+        (status, step), = _rows(db, "select status, step from runs where name='mp'")
+        assert status == "finished" and step == 7
+        ckpt = latest_checkpoint(tmp_path / "runs" / "mp")
+        assert ckpt.name == "step_000007" and (ckpt / "optimizer").is_dir()
