@@ -174,14 +174,15 @@ def upgrade_schema(engine: Engine) -> str:
 
 
 @contextmanager
-def scratch_postgres_database(server_url: str, prefix: str) -> Iterator[str]:
+def scratch_postgres_database(server_url: str, prefix: str, options: str = "") -> Iterator[str]:
     """URL of a new, empty database on the PostgreSQL server of `server_url`, dropped on exit (tests,
-    benchmarks). Fails, never skips, when the server is unreachable."""
+    benchmarks). `options`: more CREATE DATABASE clauses (e.g. a locale). Fails, never skips, when
+    the server is unreachable."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     admin = create_engine(make_url(server_url), isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
+            conn.execute(text(f'CREATE DATABASE "{name}" {options}'.rstrip()))
         try:
             yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
         finally:

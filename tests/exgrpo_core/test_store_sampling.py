@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import random
 import uuid
-from contextlib import contextmanager
 
 import pytest
 from alembic import command
-from sqlalchemy import create_engine, inspect, make_url, text
+from sqlalchemy import inspect, text
 from store_helpers import BACKENDS, PG_URL, fresh_database, group, questions, store, update  # noqa: F401
 
 from exgrpo_core import selection
 from exgrpo_core.store import ExperienceStore, StoreError
-from exgrpo_core.store_engine import _alembic_config, create_store_engine, parse_url
+from exgrpo_core.store_engine import _alembic_config, create_store_engine, parse_url, scratch_postgres_database
 
 K = 4
 # Mixed case, digits, punctuation and non-ASCII: code-point order differs from language collations
@@ -126,22 +125,10 @@ def test_sample_replay_questions_on_an_empty_pool_and_bad_calls(store):
         store.sample_replay_questions(run_id, K, -1, {1: 1.0}, rng)
 
 
-@contextmanager
 def language_collated_database():
     """URL of a new PostgreSQL database whose default collation is ICU "en" (language order), dropped after."""
-    name = f"exgrpo_icu_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(make_url(PG_URL), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as c:
-            c.execute(text(f"CREATE DATABASE \"{name}\" TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en' "
-                           "LOCALE 'C.UTF-8'"))
-        try:
-            yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-        finally:
-            with admin.connect() as c:
-                c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
+    return scratch_postgres_database(PG_URL, "exgrpo_icu", "TEMPLATE template0 LOCALE_PROVIDER icu "
+                                     "ICU_LOCALE 'en' LOCALE 'C.UTF-8'")
 
 
 @pytest.mark.postgres
