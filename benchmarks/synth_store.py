@@ -289,22 +289,31 @@ def _write_all(store: ExperienceStore, run_id: str, sim: Sim, run: dict, respons
 
 
 def _write_states(conn, w: Writer, run_id: str, sim: Sim, qids: list[int]) -> None:
-    """Replace the run's question states (registered empty) by the simulated ones."""
-    from sqlalchemy import delete
+    """Replace the run's question states (registered empty) by the simulated ones. Pool slots are
+    numbered per bucket in uid order, as migration 0005 numbers an existing run; the slot undo log
+    starts after the last simulated step."""
+    from sqlalchemy import delete, update
 
-    from exgrpo_core.store_models import QuestionState
+    from exgrpo_core.store_models import QuestionState, Run
     conn.execute(delete(QuestionState).where(QuestionState.run_id == run_id))
     cols = [("run_id", "varchar"), ("question_id", "int4"), ("uid", "varchar"), ("latest_k", "int4"),
             ("n_groups", "int4"), ("last_step", "int4"), ("retired", "bool"), ("retired_step", "int4"),
-            ("times_replayed", "int4"), ("pool_size", "int4")]
+            ("times_replayed", "int4"), ("pool_size", "int4"), ("slot", "int4")]
 
     def opt(x: int) -> int | None:
         return None if x < 0 else int(x)
 
+    buckets: dict[int, list[tuple[str, int]]] = {}
+    for i in range(sim.n_questions):
+        if sim.pool[i] and sim.q_retired_step[i] < 0:
+            buckets.setdefault(int(sim.q_latest[i]), []).append((f"synth-{i}", i))
+    slot = {i: j for members in buckets.values() for j, (_, i) in enumerate(sorted(members))}
     w.write("question_states", cols, (
         (run_id, qids[i], f"synth-{i}", opt(sim.q_latest[i]), int(sim.q_groups[i]), opt(sim.q_last[i]),
-         bool(sim.q_retired_step[i] >= 0), opt(sim.q_retired_step[i]), int(sim.q_replayed[i]), len(sim.pool[i]))
-        for i in range(sim.n_questions)))
+         bool(sim.q_retired_step[i] >= 0), opt(sim.q_retired_step[i]), int(sim.q_replayed[i]), len(sim.pool[i]),
+         slot.get(i)) for i in range(sim.n_questions)))
+    last_step = max(s for _, s, *_ in sim.groups)
+    conn.execute(update(Run).where(Run.id == run_id).values(slots_logged_after=last_step))
 
 
 def main() -> None:

@@ -148,20 +148,21 @@ def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple
 def select_trajectories(s: Session, plan: BatchPlan) -> tuple[dict[str, Rollout], dict]:
     """For each experiential question, replay its stored trajectory chosen by current-policy entropy."""
     t0 = time.perf_counter()
-    cands = s.store.candidates(s.run_id, plan.replay, before_step=plan.step) if plan.replay else {}
-    rows = [Rollout(uid, s.prompt_ids(uid), e.response_ids, e.behaviour_logprobs, e.text, False, e.step,
-                    reward=1.0, reason="replayed", replayed_from=e.id)
-            for uid in plan.replay for e in cands.get(uid, [])]
-    stored_logp = [list(r.behaviour_logprobs) for r in rows]
+    # token ids of every candidate; stored log-probs and text are read for the chosen ones only
+    cands = s.store.candidates(s.run_id, plan.replay, before_step=plan.step, payload=False) if plan.replay else {}
+    exp = {e.id: e for uid in plan.replay for e in cands.get(uid, [])}
+    rows = [Rollout(e.question_uid, s.prompt_ids(e.question_uid), e.response_ids, [0.0] * len(e.response_ids), "",
+                    False, e.step, reward=1.0, reason="replayed", replayed_from=e.id) for e in exp.values()]
     score_rollouts(s, rows, s.cfg.selection.entropy)  # recompute H(o) under the current policy
     chosen: dict[str, Rollout] = {}
     for uid in plan.replay:
-        options = [(r, lp) for r, lp in zip(rows, stored_logp) if r.question_uid == uid]
+        options = [r for r in rows if r.question_uid == uid]
         if options:
-            i = selection.choose_trajectory([r.entropy for r, _ in options], s.cfg.selection.trajectory, s.rng)
-            r, lp = options[i]
-            r.behaviour_logprobs = lp  # (code) the trainer's log-probs at collection time
-            chosen[uid] = r
+            chosen[uid] = options[selection.choose_trajectory([r.entropy for r in options],
+                                                              s.cfg.selection.trajectory, s.rng)]
+    for e in s.store.with_payloads(s.run_id, [exp[r.replayed_from] for r in chosen.values()]):
+        r = chosen[e.question_uid]
+        r.behaviour_logprobs, r.text = e.behaviour_logprobs, e.text  # (code) the trainer's log-probs at collection
     s.store.record_replays(s.run_id, plan.step, [(r.replayed_from, r.entropy) for r in chosen.values()])
     return chosen, {M.REPLAYED_SAMPLES: float(len(chosen)), M.CANDIDATES: float(len(rows)),
                     M.REPLAYED_ENTROPY: _mean([r.entropy for r in chosen.values()]),

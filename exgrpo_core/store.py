@@ -8,6 +8,7 @@ a database never see each other's experience. The schema is brought to the Alemb
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -29,7 +30,7 @@ from exgrpo_core.store_engine import (StoreError, create_store_engine, mask_url,
 from exgrpo_core.store_models import (EvalResult, GroupResultRow, QuestionRow, QuestionState, Replay, Run,
                                       StepMetric, Trajectory)
 from exgrpo_core.store_rollback import rollback_rows
-from exgrpo_core.store_replay import candidate_rows, pooled_counts, pooled_uids_at
+from exgrpo_core.store_replay import bucket_sizes, candidate_rows, payload_rows, pooled_uids_at
 from exgrpo_core.types import BufferState, Experience, GroupResult, Question
 
 __all__ = ["ExperienceStore", "StoreError", "resolve_db_url", "question_digest"]
@@ -128,7 +129,7 @@ class ExperienceStore:
             conn.execute(insert(Run).values(
                 id=run_id, name=name, preset=preset, created_at=now, updated_at=now, status="running", step=-1,
                 group_size=group_size, config_json=json.dumps(config, sort_keys=True, default=str),
-                mlflow_run_id=None, replay_active=False, replay_started_step=None))
+                mlflow_run_id=None, replay_active=False, replay_started_step=None, slots_logged_after=-1))
         return True
 
     def find_run_by_name(self, name: str) -> str | None:
@@ -232,7 +233,8 @@ class ExperienceStore:
         """ExGRPO question sampling (SPEC §1.2): n pooled questions, bucket by w(Acc), uniform inside.
 
         Returns exactly `selection.sample_questions(self.buffer_state(run_id, group_size).buckets, n,
-        weights, rng)`, with the same rng calls, but reads only the bucket sizes and the chosen uids.
+        weights, rng)`, with the same rng calls, but reads only the sizes of the buckets with a positive
+        weight and the uids at the drawn slots: O(log pool) per bucket and per question.
         `group_size` must be the run's K; bad n or weights raise `selection.SelectionError` as there.
         The sizes and the uids are two statements: a writer changing this run's pool in between (none
         in the training loop) can make a chosen position vanish, which is a StoreError.
@@ -243,28 +245,48 @@ class ExperienceStore:
                 raise StoreError(f"unknown run id {run_id!r} (call start_run first)")
             if K != group_size:
                 raise StoreError(f"run {run_id} has group_size {K}, not {group_size}")
-            picks = selection.sample_bucket_positions(pooled_counts(conn, run_id), n, weights, rng)
+            drawable = [k for k, w in weights.items() if isinstance(w, (int, float)) and w > 0]
+            picks = selection.sample_bucket_positions(bucket_sizes(conn, run_id, drawable), n, weights, rng)
             return pooled_uids_at(conn, run_id, picks)
 
-    def candidates(self, run_id: str, question_uids: list[str], before_step: int) -> dict[str, list[Experience]]:
+    def candidates(self, run_id: str, question_uids: list[str], before_step: int,
+                   payload: bool = True) -> dict[str, list[Experience]]:
         """Pooled trajectories of these questions generated before `before_step`, oldest first.
 
         Every requested uid is a key (an empty list when it has none); an unregistered uid is an error.
+        With payload=False the behaviour log-probs and text are left None (selection scores only the
+        token ids; `with_payloads` reads them for the chosen few).
         """
         out: dict[str, list[Experience]] = {uid: [] for uid in question_uids}
         with read_connection(self.engine, f"reading candidates of run {run_id}") as conn:
             for part in chunks(sorted(out)):
-                rows = candidate_rows(conn, run_id, part, before_step)
+                rows = candidate_rows(conn, run_id, part, before_step, payload)
                 missing = set(part) - {r[0] for r in rows}
                 if missing:
                     raise StoreError(f"question uids never registered for run {run_id}: {sorted(missing)[:5]}")
-                for uid, tid, ids, lps, text, step, ent, times in rows:
+                for uid, tid, ids, step, ent, times, *rest in rows:
                     if tid is not None:
                         out[uid].append(Experience(
-                            id=tid, question_uid=uid, response_ids=decode_token_ids(ids),
-                            behaviour_logprobs=decode_logprobs(lps), text=text, step=step,
-                            entropy=math.nan if ent is None else ent, times_replayed=times))
+                            id=tid, question_uid=uid, response_ids=decode_token_ids(ids), step=step,
+                            entropy=math.nan if ent is None else ent, times_replayed=times,
+                            behaviour_logprobs=decode_logprobs(rest[0]) if payload else None,
+                            text=rest[1] if payload else None))
         return out
+
+    def with_payloads(self, run_id: str, experiences: list[Experience]) -> list[Experience]:
+        """The same experiences with their stored behaviour log-probs and text (one read by id)."""
+        if not experiences:
+            return []
+        ids = sorted({e.id for e in experiences})
+        found: dict[int, tuple] = {}
+        with read_connection(self.engine, f"reading replayed trajectories of run {run_id}") as conn:
+            for part in chunks(ids):
+                found.update({tid: (lps, text) for tid, lps, text in payload_rows(conn, run_id, part)})
+        missing = sorted(set(ids) - found.keys())
+        if missing:
+            raise StoreError(f"trajectory ids not in run {run_id}: {missing[:5]}")
+        return [dataclasses.replace(e, behaviour_logprobs=decode_logprobs(found[e.id][0]), text=found[e.id][1])
+                for e in experiences]
 
     def record_replays(self, run_id: str, step: int, replays: list[tuple[int, float]]) -> None:
         """Log replays (trajectory id, entropy under the current policy) and bump the replay counters."""
@@ -374,6 +396,7 @@ class ExperienceStore:
             started_later = Run.replay_started_step > step
             conn.execute(update(Run).where(Run.id == run_id).values(
                 step=step, updated_at=_now(),
+                slots_logged_after=case((Run.slots_logged_after > step, step), else_=Run.slots_logged_after),
                 replay_active=case((started_later, False), else_=Run.replay_active),
                 replay_started_step=case((started_later, None), else_=Run.replay_started_step)))
         return deleted

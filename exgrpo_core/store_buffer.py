@@ -18,6 +18,7 @@ from exgrpo_core import metrics as M
 from exgrpo_core.codec import CodecError, encode_logprobs, encode_token_ids
 from exgrpo_core.store_engine import StoreError
 from exgrpo_core.store_models import GroupResultRow, QuestionState, Trajectory
+from exgrpo_core.store_replay import move_slots
 from exgrpo_core.types import BufferState, GroupResult, Rollout
 
 CHUNK = 1000  # IN-list items (SQLite caps bound parameters) and rows per executemany batch
@@ -86,13 +87,15 @@ def none_if_nan(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) else float(x)
 
 
-def states_by_uid(conn: Connection, run_id: str, uids: set[str]) -> dict[str, tuple[int, bool]]:
-    """uid -> (question_id, retired) for the registered questions of `run_id` among `uids`."""
-    found: dict[str, tuple[int, bool]] = {}
+def states_by_uid(conn: Connection, run_id: str, uids: set[str]) -> dict[str, tuple]:
+    """uid -> (question_id, retired, latest_k, pool_size, slot) for the registered questions of `run_id`
+    among `uids`."""
+    qs = QuestionState
+    found: dict[str, tuple] = {}
     for part in chunks(sorted(uids)):
-        q = select(QuestionState.uid, QuestionState.question_id, QuestionState.retired).where(
-            QuestionState.run_id == run_id, QuestionState.uid.in_(part))
-        found.update({uid: (qid, bool(ret)) for uid, qid, ret in conn.execute(q)})
+        q = select(qs.uid, qs.question_id, qs.retired, qs.latest_k, qs.pool_size, qs.slot).where(
+            qs.run_id == run_id, qs.uid.in_(part))
+        found.update({uid: (qid, bool(ret), k, pool, slot) for uid, qid, ret, k, pool, slot in conn.execute(q)})
     missing = sorted(uids - found.keys())
     if missing:
         raise StoreError(f"question uids never registered for run {run_id}: {missing[:5]}"
@@ -112,17 +115,37 @@ def apply_groups(conn: Connection, run_id: str, step: int, groups: list[GroupRes
     states = states_by_uid(conn, run_id, {g.question_uid for g in groups})
     newly_retired = {states[g.question_uid][0] for g in groups
                      if rule.retires(g.k) and not states[g.question_uid][1]}
-    retired_after = {qid for qid, ret in states.values() if ret} | newly_retired
+    retired_after = {st[0] for st in states.values() if st[1]} | newly_retired
     rows, collected, duplicates = _trajectory_rows(conn, run_id, step, groups, states, retired_after, rule)
     bulk_insert(conn, insert(GroupResultRow), [
         dict(run_id=run_id, question_id=states[g.question_uid][0], step=step, k=g.k, n=g.size,
              is_replay=g.is_replay) for g in groups])
+    _move_pool_slots(conn, run_id, step, groups, states, rows, newly_retired)
     _update_states(conn, run_id, step, groups, states, rows)
     if newly_retired:
         _retire(conn, run_id, step, sorted(newly_retired))
     insert_trajectories(conn, rows)
     return {M.COLLECTED: float(collected), M.DUPLICATES: float(duplicates),
             M.NEWLY_RETIRED: float(len(newly_retired)), M.STORED_ROLLOUTS: float(len(rows))}
+
+
+def _move_pool_slots(conn: Connection, run_id: str, step: int, groups: list[GroupResult], states: dict[str, tuple],
+                     rows: list[dict], newly_retired: set[int]) -> None:
+    """Questions entering, leaving or changing pooled bucket keep the slots dense (store_replay.move_slots)."""
+    added = Counter(r["question_id"] for r in rows if r["in_pool"])
+    latest = {g.question_uid: g.k for g in groups}  # the last group of a question sets its bucket
+    leaving, joining = [], []
+    for uid, k_after in latest.items():
+        qid, retired, k, pool, slot = states[uid]
+        before = not retired and pool > 0
+        after = not retired and qid not in newly_retired and pool + added[qid] > 0
+        if before and slot is None:
+            raise StoreError(f"pooled question {uid!r} of run {run_id} has no pool slot (schema not migrated?)")
+        if before and not (after and k_after == k):
+            leaving.append((k, slot, qid))
+        if after and not (before and k_after == k):
+            joining.append((k_after, uid, qid))
+    move_slots(conn, run_id, step, leaving, joining)
 
 
 def _update_states(conn: Connection, run_id: str, step: int, groups: list[GroupResult],
@@ -213,12 +236,17 @@ def read_buffer_state(conn: Connection, run_id: str, group_size: int) -> BufferS
                          .where(qs.run_id == run_id, qs.latest_k.is_not(None)).group_by(qs.latest_k)).all()
     bucket_counts = dict.fromkeys(range(group_size + 1), 0)
     bucket_counts.update({int(k): int(n) for k, n, _, _ in per_k})  # a k outside 0..K is shown, not hidden
-    pooled: dict[int, list[str]] = {}
-    for k, uid in conn.execute(select(qs.latest_k, qs.uid).where(
+    pooled: dict[int, list[tuple[int, str]]] = {}
+    for k, slot, uid in conn.execute(select(qs.latest_k, qs.slot, qs.uid).where(
             qs.run_id == run_id, qs.retired.is_(False), qs.pool_size > 0)).all():
-        pooled.setdefault(int(k), []).append(uid)
-    # sorted here, not in SQL: code-point order on both backends, no collation sort in PostgreSQL
-    buckets = {k: sorted(pooled[k]) for k in sorted(pooled)}
+        pooled.setdefault(int(k), []).append((slot, uid))
+    buckets = {}
+    for k in sorted(pooled):  # in slot order, the order replay sampling draws positions in
+        members = sorted(pooled[k], key=lambda m: (m[0] is None, m[0] or 0))
+        if [slot for slot, _ in members] != list(range(len(members))):
+            raise StoreError(f"pool slots of bucket {k} of run {run_id} are not 0..{len(members) - 1} "
+                             "(a write outside ExperienceStore?)")
+        buckets[k] = [uid for _, uid in members]
     return BufferState(buckets=buckets, bucket_counts=bucket_counts,
                        pool_questions=sum(len(v) for v in buckets.values()),
                        pool_trajectories=sum(int(p or 0) for *_, p in per_k),

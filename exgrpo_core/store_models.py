@@ -40,6 +40,8 @@ class Run(Base):
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
     replay_active: Mapped[bool] = mapped_column(Boolean)
     replay_started_step: Mapped[int | None] = mapped_column(Integer)
+    # pool slots are logged (pool_slot_log) for steps after this one; rollback before it renumbers (0005)
+    slots_logged_after: Mapped[int] = mapped_column(Integer, server_default=text("-1"))
 
 
 class QuestionRow(Base):
@@ -66,15 +68,28 @@ class QuestionState(Base):
     retired_step: Mapped[int | None] = mapped_column(Integer)
     times_replayed: Mapped[int] = mapped_column(Integer)
     pool_size: Mapped[int] = mapped_column(Integer)  # its in_pool trajectories: buffer_state reads no trajectory
+    slot: Mapped[int | None] = mapped_column(Integer)  # place in its pooled bucket, 0..n-1; None outside (0005)
     __table_args__ = (
         UniqueConstraint("run_id", "uid", name="uq_question_states_run_uid"),
         Index("ix_question_states_run_retired_k", "run_id", "retired", "latest_k"),
         Index("ix_question_states_run_retired_step", "run_id", "retired_step"),  # rollback: un-retire
-        # pooled questions by bucket, uid-sorted: replay sampling reads sizes and ranks from it (0004)
-        Index("ix_question_states_run_pool_k_uid", "run_id", "latest_k", "uid", "retired", "pool_size",
+        # pooled questions by bucket and slot: replay sampling reads sizes (max slot) and picks from it (0005)
+        Index("ix_question_states_run_pool_k_slot", "run_id", "latest_k", "slot", "uid", "retired", "pool_size",
               postgresql_where=text("retired IS false AND pool_size > 0"),
               sqlite_where=text("retired IS 0 AND pool_size > 0")),
     )
+
+
+class PoolSlotLog(Base):
+    """Undo log of pool slots: a question's slot before the buffer update of `step` changed it (0005)."""
+
+    __tablename__ = "pool_slot_log"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    step: Mapped[int] = mapped_column(Integer)
+    question_id: Mapped[int] = mapped_column(ForeignKey("questions.id"))
+    old_slot: Mapped[int | None] = mapped_column(Integer)
+    __table_args__ = (Index("ix_pool_slot_log_run_step", "run_id", "step"),)
 
 
 class GroupResultRow(Base):

@@ -1,8 +1,8 @@
 """Rolling a run's experience back to a checkpoint step (resume after a crash), in one transaction.
 
 Rows written after the step are deleted; the per-question state and the replay counters are then
-recomputed from what remains (group history, replays), so the result equals a run stopped at that
-step. Retirement is permanent and stamped with its step, so it is undone iff `retired_step > step`.
+recomputed from what remains (group history, replays), and the pool slots restored from their undo
+log (store_replay.restore_slots), so the result equals a run stopped at that step. Retirement is permanent and stamped with its step, so it is undone iff `retired_step > step`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 from sqlalchemy import Connection, and_, case, delete, func, select, update
 
 from exgrpo_core.store_buffer import chunks
-from exgrpo_core.store_models import EvalResult, GroupResultRow, QuestionState, Replay, StepMetric, Trajectory
+from exgrpo_core.store_models import EvalResult, GroupResultRow, QuestionState, Replay, Run, StepMetric, Trajectory
+from exgrpo_core.store_replay import restore_slots
 
 
 def rollback_rows(conn: Connection, run_id: str, step: int) -> dict[str, int]:
@@ -34,6 +35,7 @@ def rollback_rows(conn: Connection, run_id: str, step: int) -> dict[str, int]:
         conn.execute(update(T).where(T.run_id == run_id, T.question_id.in_(part), T.retired.is_(True))
                      .values(in_pool=True, retired=False))
     _rebuild_states(conn, run_id, step, sorted(touched_q | unretire))
+    restore_slots(conn, run_id, step, conn.execute(select(Run.slots_logged_after).where(Run.id == run_id)).scalar_one())
     _rebuild_replay_counters(conn, run_id, sorted({tid for tid, _ in replayed}))
     return deleted
 

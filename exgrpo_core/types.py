@@ -81,16 +81,17 @@ class Experience:
 
     id: database id. response_ids / behaviour_logprobs: [T]. step: policy version that generated it.
     entropy: H(o) when collected (selection recomputes it under the current policy).
+    behaviour_logprobs / text: None when read without payload (`ExperienceStore.candidates(payload=False)`).
     """
 
     id: int
     question_uid: str
     response_ids: list[int]
-    behaviour_logprobs: list[float]
-    text: str
     step: int
     entropy: float
     times_replayed: int = 0
+    behaviour_logprobs: list[float] | None = None
+    text: str | None = None
 
 
 @dataclass

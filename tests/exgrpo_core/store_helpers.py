@@ -98,7 +98,7 @@ def dump_run(store: ExperienceStore, run_id: str) -> dict[str, list[tuple]]:
             "runs": rows(select(Run.step, Run.status, Run.group_size, Run.config_json, Run.replay_active,
                                 Run.replay_started_step).where(Run.id == run_id)),
             "question_states": rows(select(QS.uid, QS.latest_k, QS.n_groups, QS.last_step, QS.retired,
-                                           QS.retired_step, QS.times_replayed, QS.pool_size)
+                                           QS.retired_step, QS.times_replayed, QS.pool_size, QS.slot)
                                     .where(QS.run_id == run_id)),
             "group_results": rows(select(GroupResultRow.question_id, GroupResultRow.step, GroupResultRow.k,
                                          GroupResultRow.n, GroupResultRow.is_replay)

@@ -23,22 +23,20 @@ def empty_url(request, tmp_path):
     yield from fresh_database(request.param, tmp_path, "exgrpo_scale")
 
 
-def test_upgrade_from_0001_keeps_every_row_and_adds_the_rollback_indexes(empty_url, monkeypatch):
+def test_upgrade_from_0001_keeps_every_row_and_adds_the_rollback_indexes(empty_url):
+    s = ExperienceStore(empty_url)
+    run, (q0, q1, _, _) = new_run(s)
+    update(s, run, 0, [group(q0, [1, 0, 0, 0]), group(q1, [1, 1, 1, 1])])
+    s.log_metrics(run, 0, {"rollout/reward_mean": 0.5})
+    before = dump_run(s, run)
+    s.close()
     engine = create_store_engine(parse_url(empty_url))
     cfg = _alembic_config()
-    with engine.begin() as conn:  # a database written by the previous release
+    with engine.begin() as conn:  # back to the schema of the first release, rows kept
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0001")
+        command.downgrade(cfg, "0001")
+    assert not any(NEW_INDEXES[t] in {i["name"] for i in inspect(engine).get_indexes(t)} for t in NEW_INDEXES)
     engine.dispose()
-    monkeypatch.setattr(store_engine, "head_revision", lambda: "0001")  # open it as the previous release did
-    old = ExperienceStore(empty_url)
-    monkeypatch.undo()
-    run, (q0, q1, _, _) = new_run(old)
-    update(old, run, 0, [group(q0, [1, 0, 0, 0]), group(q1, [1, 1, 1, 1])])
-    old.log_metrics(run, 0, {"rollout/reward_mean": 0.5})
-    before = dump_run(old, run)
-    assert not any(NEW_INDEXES[t] in {i["name"] for i in inspect(old.engine).get_indexes(t)} for t in NEW_INDEXES)
-    old.close()
 
     new = ExperienceStore(empty_url)
     assert new.revision == store_engine.head_revision() and dump_run(new, run) == before
