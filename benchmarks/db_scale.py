@@ -6,8 +6,10 @@
 For each backend and size: a fresh database (PostgreSQL: a new database on 127.0.0.1:5432, dropped
 afterwards; SQLite: a file in /tmp, deleted afterwards) filled by `synth_store.fill`, then per repeat,
 through `ExperienceStore` exactly as `exgrpo_core/loop.py` calls it:
-  sample   sample_replay_questions of 64 replay questions: bucket sizes, then only the chosen uids (for plan_batch)
-  fetch    candidates() of those 64 questions: their pooled trajectories, payloads decoded (select_trajectories)
+  sample   sample_replay_questions of 64 replay questions: bucket sizes (max slot), then the drawn slots (plan_batch)
+  fetch    what select_trajectories reads: candidates(payload=False) of those 64 questions (token ids of
+           every pooled trajectory), then with_payloads of the one chosen per question (log-probs, text)
+  fetch(full) candidates() with every payload, the read before selection fetched less (for comparison)
   sample(ref) the reference path it replaces: buffer_state + selection.sample_questions on a copy of the rng
            (the two must return the same questions and leave the same rng state; checked every repeat)
   update   apply_buffer_update of the paper's batch: 64 fresh x 8 + 64 replayed x 7 responses (update_buffer)
@@ -51,7 +53,7 @@ from exgrpo_core.store_engine import scratch_postgres_database  # noqa: E402
 from exgrpo_core.types import GroupResult, Rollout  # noqa: E402
 
 PG_ADMIN = os.environ.get("EXGRPO_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-OPS = ["sample", "fetch", "sample+fetch", "sample(ref)", "update", "replays", "retired", "retire", "rollback"]
+OPS = ["sample", "fetch", "sample+fetch", "sample(ref)", "fetch(full)", "update", "replays", "retired", "retire", "rollback"]
 WORDS = "so we get then the sum is equal to both sides check answer step".split()
 
 
@@ -118,8 +120,16 @@ def bench_size(backend: str, n: int, args) -> dict:
             replay = timed(db, "sample", store.sample_replay_questions, run_id, K, 64, weights, rng)
             if replay != ref or rng.getstate() != ref_rng.getstate():
                 raise RuntimeError("sample_replay_questions differs from sample_questions(buffer_state)")
-            cands = timed(db, "fetch", store.candidates, run_id, replay, before_step=step)
+            t0 = time.perf_counter()
+            cands = store.candidates(run_id, replay, before_step=step, payload=False)
+            best = [min(c, key=lambda e: e.entropy) for c in cands.values() if c]  # stands in for the scoring
+            best = store.with_payloads(run_id, best)
+            db.setdefault("fetch", []).append(time.perf_counter() - t0)
             db.setdefault("sample+fetch", []).append(db["sample"][-1] + db["fetch"][-1])
+            full = timed(db, "fetch(full)", store.candidates, run_id, replay, before_step=step)
+            if [e.behaviour_logprobs for e in best] != [
+                    next(f for f in full[e.question_uid] if f.id == e.id).behaviour_logprobs for e in best]:
+                raise RuntimeError("with_payloads differs from candidates(payload=True)")
             retired = timed(db, "retired", store.retired_uids, run_id)
             pooled = {u for v in state.buckets.values() for u in v}
             free = [f"synth-{i}" for i in range(nq) if f"synth-{i}" not in retired and f"synth-{i}" not in replay]
@@ -127,7 +137,7 @@ def bench_size(backend: str, n: int, args) -> dict:
             groups = [make_group(rng, u, step, K, T, False, rng.random()) for u in fresh]
             groups += [make_group(rng, u, step, K, T, True, rng.random()) for u in replay]
             timed(db, "update", store.apply_buffer_update, run_id, step, groups, **rule)
-            chosen = [(min(c, key=lambda e: e.entropy).id, 0.3) for c in cands.values() if c]
+            chosen = [(e.id, 0.3) for e in best]
             timed(db, "replays", store.record_replays, run_id, step, chosen)
             solved = rng.sample(sorted(pooled - set(replay) - set(fresh)), min(128, len(pooled) // 2))
             retire = [make_group(rng, u, step + 1, K, T, False, 1.0) for u in solved]

@@ -18,7 +18,7 @@ from exgrpo_core import metrics as M
 from exgrpo_core.codec import CodecError, encode_logprobs, encode_token_ids
 from exgrpo_core.store_engine import StoreError
 from exgrpo_core.store_models import GroupResultRow, QuestionState, Trajectory
-from exgrpo_core.store_replay import move_slots
+from exgrpo_core.store_replay import move_slots, pooled_filter
 from exgrpo_core.types import BufferState, GroupResult, Rollout
 
 CHUNK = 1000  # IN-list items (SQLite caps bound parameters) and rows per executemany batch
@@ -236,17 +236,15 @@ def read_buffer_state(conn: Connection, run_id: str, group_size: int) -> BufferS
                          .where(qs.run_id == run_id, qs.latest_k.is_not(None)).group_by(qs.latest_k)).all()
     bucket_counts = dict.fromkeys(range(group_size + 1), 0)
     bucket_counts.update({int(k): int(n) for k, n, _, _ in per_k})  # a k outside 0..K is shown, not hidden
-    pooled: dict[int, list[tuple[int, str]]] = {}
-    for k, slot, uid in conn.execute(select(qs.latest_k, qs.slot, qs.uid).where(
-            qs.run_id == run_id, qs.retired.is_(False), qs.pool_size > 0)).all():
-        pooled.setdefault(int(k), []).append((slot, uid))
-    buckets = {}
-    for k in sorted(pooled):  # in slot order, the order replay sampling draws positions in
-        members = sorted(pooled[k], key=lambda m: (m[0] is None, m[0] or 0))
-        if [slot for slot, _ in members] != list(range(len(members))):
-            raise StoreError(f"pool slots of bucket {k} of run {run_id} are not 0..{len(members) - 1} "
-                             "(a write outside ExperienceStore?)")
-        buckets[k] = [uid for _, uid in members]
+    buckets: dict[int, list[str]] = {}
+    rows = conn.execute(select(qs.latest_k, qs.slot, qs.uid).where(*pooled_filter(run_id))
+                        .order_by(qs.latest_k, qs.slot))  # the partial index's order: no sort
+    for k, slot, uid in rows:  # each bucket in slot order, the order replay sampling draws positions in
+        members = buckets.setdefault(k, [])
+        if slot != len(members):
+            raise StoreError(f"pool slots of bucket {k} of run {run_id} are not 0..n-1 (slot {slot} at position "
+                             f"{len(members)}; a write outside ExperienceStore?)")
+        members.append(uid)
     return BufferState(buckets=buckets, bucket_counts=bucket_counts,
                        pool_questions=sum(len(v) for v in buckets.values()),
                        pool_trajectories=sum(int(p or 0) for *_, p in per_k),

@@ -103,11 +103,30 @@ def _sizes_statement(n_buckets: int):
         *pooled_filter(bindparam("run_id")), qs.latest_k == bindparam(f"k{j}")) for j in range(n_buckets)])
 
 
+# PostgreSQL: one fixed text each, arrays as parameters (prepared once by psycopg, no re-rendering)
+_POOLED_SQL = "qs.run_id = %(run_id)s AND qs.retired IS false AND qs.pool_size > 0"
+_PG_SIZES = ("SELECT b.k, (SELECT max(qs.slot) FROM question_states qs WHERE " + _POOLED_SQL
+             + " AND qs.latest_k = b.k) FROM unnest(%(ks)s::int[]) AS b(k)")
+_PG_MEMBERS = ("SELECT p.k, p.s, qs.uid, qs.question_id FROM unnest(%(ks)s::int[], %(ss)s::int[]) AS p(k, s) "
+               "JOIN question_states qs ON " + _POOLED_SQL + " AND qs.latest_k = p.k AND qs.slot = p.s")
+
+
+def _pg_rows(conn: Connection, sql: str, params: dict, what: str) -> list[tuple]:
+    try:
+        with conn.connection.driver_connection.cursor() as cur:
+            return cur.execute(sql, params).fetchall()
+    except Exception as e:  # psycopg errors are not SQLAlchemy's: name the problem here
+        raise StoreError(f"{what} failed: {str(e).strip().splitlines()[0]}") from e
+
+
 def bucket_sizes(conn: Connection, run_id: str, ks: list[int]) -> dict[int, int]:
     """{k: pooled questions in bucket k} for each k of `ks`: max(slot) + 1 (slots are dense)."""
     ks = sorted(set(ks))
     if not ks:
         return {}
+    if conn.dialect.name == "postgresql":
+        rows = _pg_rows(conn, _PG_SIZES, {"run_id": run_id, "ks": ks}, "reading bucket sizes")
+        return {int(k): 0 if top is None else int(top) + 1 for k, top in rows}
     rows = conn.execute(_sizes_statement(len(ks)), {"run_id": run_id, **{f"k{j}": k for j, k in enumerate(ks)}})
     return {ks[int(j)]: 0 if top is None else int(top) + 1 for j, top in rows}
 
@@ -126,6 +145,11 @@ def members_at(conn: Connection, run_id: str, wanted: dict[int, set[int]]) -> di
     ks = sorted(k for k in wanted if wanted[k])
     if not ks:
         return {}
+    if conn.dialect.name == "postgresql":
+        pairs = [(k, slot) for k in ks for slot in sorted(wanted[k])]
+        rows = _pg_rows(conn, _PG_MEMBERS, {"run_id": run_id, "ks": [k for k, _ in pairs],
+                                            "ss": [slot for _, slot in pairs]}, "reading pooled questions")
+        return {(int(k), int(slot)): (uid, qid) for k, slot, uid, qid in rows}
     params: dict = {"run_id": run_id}
     for j, k in enumerate(ks):
         params.update({f"k{j}": k, f"s{j}": sorted(wanted[k])})
