@@ -8,6 +8,7 @@ padding in that mean, which biases it toward short trajectories. No optimiser, n
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -54,8 +55,9 @@ def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: boo
     """Score one micro-batch [n, L]; columns that are padding in every row are skipped.
 
     Only positions that are scored (real, not a row's first token, and in `want` when given) reach the
-    vocabulary: logits start at the first such column (`logits_to_keep`, when the model takes it) and
-    the softmax runs over those positions only, `chunk_positions` at a time across all rows.
+    vocabulary: the output head runs on those positions' hidden states only (`_head_at`; otherwise
+    logits start at the first such column through `logits_to_keep`, when the model takes it) and the
+    softmax runs over those positions only, `chunk_positions` at a time across all rows.
     """
     n, width = ids.shape
     cols = torch.nonzero(am.any(dim=0)).flatten()
@@ -70,15 +72,23 @@ def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: boo
     targets_at = torch.nonzero(valid.any(dim=0)).flatten()
     first = int(targets_at[0]) if targets_at.numel() else hi - lo - 2  # first logit column needed
     position_ids = (am.long().cumsum(-1) - 1).clamp(min=0)  # [n, l]; real tokens count from 0
-    kwargs = {"logits_to_keep": hi - lo - first} if _takes_logits_to_keep(model) else {}
-    logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids, use_cache=False,
-                   **kwargs).logits  # [n, l - first, V] (or [n, l, V])
-    logits = logits[:, logits.shape[1] - (hi - lo - first):]  # column j predicts ids[:, first + j + 1]
-    valid = valid[:, first:]  # [n, l-1-first]
-    rows, pos = torch.nonzero(valid, as_tuple=True)  # [M] each: the scored positions
+    rows, pos = torch.nonzero(valid[:, first:], as_tuple=True)  # [M] each: the scored positions
     targets = ids[rows, first + pos + 1]  # [M]
-    pieces = [_block_scores(logits[rows[s:s + chunk_positions], pos[s:s + chunk_positions]],
-                            targets[s:s + chunk_positions], temperature, with_entropy)
+    with _head_at(model, rows, first + pos, (n, hi - lo)) as tap:
+        keep = not tap.armed and takes_logits_to_keep(model)  # the hook wants the full [n, l, H] states
+        kwargs = {"logits_to_keep": hi - lo - first} if keep else {}
+        logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids, use_cache=False,
+                       **kwargs).logits  # [1, M, V] through the head hook, else [n, l - first, V] (or [n, l, V])
+    if not tap.hit:
+        logits = logits[:, logits.shape[1] - (hi - lo - first):]  # column j predicts ids[:, first + j + 1]
+
+    def block(s: int) -> torch.Tensor:  # [c, V]: the logits of scored positions s .. s + c
+        if tap.hit:  # [1, M, V], entry i scores (rows[i], pos[i])
+            return logits[0, s:s + chunk_positions]
+        return logits[rows[s:s + chunk_positions], pos[s:s + chunk_positions]]
+
+    valid = valid[:, first:]  # [n, l-1-first]
+    pieces = [_block_scores(block(s), targets[s:s + chunk_positions], temperature, with_entropy)
               for s in range(0, rows.numel(), chunk_positions)]
     pad = (lo + 1 + first, width - hi)
 
@@ -93,7 +103,46 @@ def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: boo
     return place([p[0] for p in pieces]), (place([p[1] for p in pieces]) if with_entropy else None)
 
 
-def _takes_logits_to_keep(model) -> bool:
+class _HeadTap:
+    armed = False  # a pre-hook sits on the output head
+    hit = False  # the head ran on the gathered positions
+
+
+@contextlib.contextmanager
+def _head_at(model, rows: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int]):
+    """While active, the output head sees only the hidden states at (rows, cols) of the [n, l] input,
+    as one [1, M, H] sequence: the vocabulary projection and its backward run on the scored positions
+    only, not on the padding between rows of different lengths. `tap.hit` tells whether that happened;
+    a model that does not call its output-embedding module on [n, l, H] is left alone.
+    """
+    tap, head = _HeadTap(), _output_head(model)
+    if head is None or rows.numel() == 0:
+        yield tap
+        return
+
+    def pre_hook(_module, args):
+        hidden = args[0]
+        if tap.hit or hidden.dim() != 3 or tuple(hidden.shape[:2]) != shape:
+            return None
+        tap.hit = True
+        return (hidden[rows, cols].unsqueeze(0), *args[1:])
+
+    handle = head.register_forward_pre_hook(pre_hook)
+    tap.armed = True
+    try:
+        yield tap
+    finally:
+        handle.remove()
+
+
+def _output_head(model):
+    inner = getattr(model, "module", model)
+    get = getattr(inner, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return head if isinstance(head, torch.nn.Module) else None
+
+
+def takes_logits_to_keep(model) -> bool:
     """Whether the causal LM's forward accepts `logits_to_keep` (transformers models do; test fakes may not)."""
     forward = getattr(model, "module", model).forward
     try:

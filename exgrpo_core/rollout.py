@@ -12,6 +12,7 @@ from typing import Protocol
 
 import torch
 
+from exgrpo_core.policy import takes_logits_to_keep
 from exgrpo_core.types import Generation
 
 
@@ -33,6 +34,7 @@ class TransformersEngine:
             getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.synced = False  # FSDP2: keep stepping until every process is done (forwards are collectives)
+        self.share_prefill = True  # repeated prompts: one prompt forward, its cache copied (`_shared_prefill`)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, *, temperature: float,
@@ -57,8 +59,9 @@ class TransformersEngine:
         for row, p in enumerate(prompts):  # left padding: generation continues at the right edge
             ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[row, width - len(p):] = 1
+        ids, mask = ids.to(device), mask.to(device)
         res = self.model.generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True,
+            input_ids=ids, attention_mask=mask, do_sample=True, past_key_values=self._shared_prefill(ids, mask),
             temperature=temperature, top_p=self.top_p, top_k=0, max_new_tokens=max_new_tokens,
             pad_token_id=self.pad_id, eos_token_id=self.eos_ids, output_scores=True,
             return_dict_in_generate=True, synced_gpus=self.synced)
@@ -70,6 +73,28 @@ class TransformersEngine:
             token_logp[:, t] = logp.gather(-1, seqs[:, t:t + 1]).squeeze(-1)
             ent[:, t] = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
         return [self._record(seqs[r], token_logp[r], ent[r], max_new_tokens) for r in range(len(prompts))]
+
+    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor):
+        """The key/value cache of every row's prompt but its last token, computed once per distinct
+        prompt and copied to its repeats (K samples of a question share one prompt): `generate` then
+        starts at the last prompt token. None (plain `generate`) when no prompt repeats or the model
+        keeps no cache.
+        """
+        if not self.share_prefill or self.synced or ids.shape[1] < 2:  # synced: forwards are collectives,
+            return None  # and another process's chunk may have no repeats
+        w = ids.shape[1]
+        uniq, rows = torch.unique(torch.cat([ids, mask], 1), dim=0, return_inverse=True)  # rows [n] -> distinct
+        if uniq.shape[0] == ids.shape[0]:
+            return None
+        u_ids, m = uniq[:, :w - 1], uniq[:, w:2 * w - 1]  # [u, w-1]: all but the last column
+        position_ids = (m.long().cumsum(-1) - 1).masked_fill(m == 0, 1)  # as generate numbers the prompt
+        keep = {"logits_to_keep": 1} if takes_logits_to_keep(self.model) else {}  # no [u, w, V] logits
+        out = self.model(input_ids=u_ids, attention_mask=m, position_ids=position_ids, use_cache=True, **keep)
+        cache = getattr(out, "past_key_values", None)
+        if cache is None or not hasattr(cache, "batch_select_indices"):
+            return None
+        cache.batch_select_indices(rows)
+        return cache
 
     def _record(self, seq: torch.Tensor, logp: torch.Tensor, ent: torch.Tensor,
                 max_new_tokens: int) -> Generation:

@@ -181,7 +181,7 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
         if cfg.rollout.engine != "transformers":
             raise ValueError("train.sharding=fsdp2 with rollout.engine=vllm is not supported yet (docs/scaling.md)")
         model = fsdp.shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    optimizer = adamw(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     if not sharded:
         model, optimizer = accelerator.prepare(model, optimizer)
     if ref_model is not None:
@@ -192,6 +192,14 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
                     scoring_micro_batch=2 * cfg.train.micro_batch_size, temperature=cfg.rollout.temperature,
                     sharded=sharded)
     return worker, tokenizer
+
+
+def adamw(params, *, lr: float, weight_decay: float, eps: float = 1e-8) -> torch.optim.AdamW:
+    """AdamW with the fused kernel (one pass over each tensor: ~4x faster than the per-tensor loop on
+    CPU, and what Hugging Face's Trainer uses) where every parameter lives on a device it supports."""
+    params = list(params)
+    fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps, fused=fused or None)
 
 
 def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str, run_dir: Path):

@@ -88,6 +88,27 @@ def test_models_without_logits_to_keep_give_the_same_values(llama):
     assert_close(a[1], b[1], atol=2e-5, rtol=1e-5)
 
 
+def test_the_head_runs_on_scored_positions_only_and_gradients_match_full_logits(llama):
+    """The output head sees one [1, M, H] sequence of the M scored positions (not the [n, l] grid);
+    values and gradients equal the full-logits path (NoKeep hides the head)."""
+    ids, am, resp = _batch([5, 2, 4], [3, 6, 1], 9, seed=6)
+    w = torch.randn(ids.shape, generator=torch.Generator().manual_seed(7))
+    seen = []
+    hook = llama.lm_head.register_forward_hook(lambda _m, args, _out: seen.append(tuple(args[0].shape)))
+    try:
+        lp, h = token_logprobs_and_entropy(llama, ids, am, micro_batch_size=3, score_mask=resp)
+    finally:
+        hook.remove()
+    assert seen == [(1, int(resp.sum()), 32)]
+    ((lp * w).sum() + h.sum()).backward()
+    gathered = _grads(llama)
+    lp2, h2 = token_logprobs_and_entropy(NoKeep(llama), ids, am, micro_batch_size=3, score_mask=resp)
+    ((lp2 * w).sum() + h2.sum()).backward()
+    assert_close(lp, lp2, atol=2e-5, rtol=1e-5)
+    for a, b in zip(gathered, _grads(llama)):
+        assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 def test_an_empty_mask_scores_zero_and_backward_still_works(llama):
     ids, am, resp = _batch([5, 4], [2, 2], 7, seed=5)
     lp, h = token_logprobs_and_entropy(llama, ids, am, micro_batch_size=2, score_mask=torch.zeros_like(resp))

@@ -34,11 +34,16 @@ def test_returns_n_generations_per_prompt_with_consistent_fields(engine):
         assert all(t not in engine.eos_ids for t in g.response_ids[:-1]), "tokens after EOS were kept"
 
 
+@pytest.mark.parametrize("share_prefill", [True, False])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sampler_logprobs_match_trainer_forward_at_the_same_temperature(engine, temperature):
+def test_sampler_logprobs_match_trainer_forward_at_the_same_temperature(engine, temperature, share_prefill):
     torch.manual_seed(1)
     prompts = _prompts(engine)
-    gens = engine.generate(prompts, 2, temperature=temperature, max_new_tokens=5)
+    engine.share_prefill = share_prefill
+    try:
+        gens = engine.generate(prompts, 3, temperature=temperature, max_new_tokens=5)  # chunks of 5 + 1 rows
+    finally:
+        engine.share_prefill = True
     rollouts = [Rollout("q", p, g.response_ids, g.logprobs, g.text, g.truncated, 0)
                 for p, group in zip(prompts, gens) for g in group]
     batch = collate(rollouts, [0.0] * len(rollouts), engine.pad_id)
@@ -58,3 +63,18 @@ def test_lower_temperature_sharpens_the_sampler_distribution(engine):
     mean = lambda gens: sum(e for grp in gens for g in grp for e in g.entropies) / sum(
         len(g.entropies) for grp in gens for g in grp)
     assert mean(cold) < mean(hot)
+
+
+def test_repeated_prompts_are_embedded_once_before_sampling(engine):
+    """K samples of a prompt share one prompt forward: the embedding sees each distinct prompt's tokens
+    once (plus one token per row and step), not K times."""
+    prompts = _prompts(engine)
+    seen = []
+    hook = engine.model.get_input_embeddings().register_forward_hook(lambda _m, a, _o: seen.append(a[0].numel()))
+    try:
+        torch.manual_seed(3)
+        engine.generate(prompts, 2, temperature=1.0, max_new_tokens=1)  # 4 rows, one chunk
+    finally:
+        hook.remove()
+    width = max(len(p) for p in prompts)
+    assert seen == [2 * (width - 1), 4]  # two distinct prompts minus their last column, then the 4 last tokens

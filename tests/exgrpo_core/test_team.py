@@ -22,6 +22,7 @@ from exgrpo_core.batch import collate, micro_batch_rows
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.rollout import TransformersEngine
+from exgrpo_core.session import adamw
 from exgrpo_core.team import Team, TeamError, Worker, serve
 from exgrpo_core.types import Rollout
 
@@ -47,7 +48,7 @@ def _worker(accelerator, sharded: bool = False) -> Worker:
     model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
     if sharded:
         model = fsdp.shard_model(model, accelerator.device, bf16=False)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01, eps=1e-4)  # eps: no rounding blow-up on tiny grads
+    opt = adamw(model.parameters(), lr=0.01, weight_decay=0.01, eps=1e-4)  # eps: no rounding blow-up on tiny grads
     if not sharded:
         model, opt = accelerator.prepare(model, opt)
     engine = TransformersEngine(accelerator.unwrap_model(model), tok, batch_size=4)
