@@ -73,18 +73,20 @@ def candidate_rows(conn: Connection, run_id: str, uids: list[str], before_step: 
 
 
 def _payload_statement(id_match):
+    """By primary key only: given run_id too, SQLite's planner scanned the run's (run, step) index."""
     T = Trajectory
-    return select(T.id, T.behaviour_logprobs, T.text).where(T.run_id == bindparam("run_id"), id_match)
+    return select(T.id, T.run_id, T.behaviour_logprobs, T.text).where(id_match)
 
 
 def payload_rows(conn: Connection, run_id: str, ids: list[int]) -> list[tuple]:
     """(id, behaviour_logprobs, text) of these trajectories of the run (absent ids give no row)."""
-    params = {"run_id": run_id, "ids": ids}
+    params = {"ids": ids}
     if conn.dialect.name != "postgresql":
-        return [tuple(r) for r in conn.execute(
-            _payload_statement(Trajectory.id.in_(bindparam("ids", expanding=True))), params)]
-    return _pg_fetch(conn, ("payloads",), lambda: _payload_statement(Trajectory.id == func.any(bindparam("ids"))),
-                     params, "reading replayed trajectories")
+        rows = conn.execute(_payload_statement(Trajectory.id.in_(bindparam("ids", expanding=True))), params)
+    else:
+        rows = _pg_fetch(conn, ("payloads",), lambda: _payload_statement(Trajectory.id == func.any(bindparam("ids"))),
+                         params, "reading replayed trajectories")
+    return [(tid, lps, text) for tid, run, lps, text in rows if run == run_id]
 
 
 # ---- sampling on slots -------------------------------------------------------------------------
@@ -131,13 +133,13 @@ def bucket_sizes(conn: Connection, run_id: str, ks: list[int]) -> dict[int, int]
     return {ks[int(j)]: 0 if top is None else int(top) + 1 for j, top in rows}
 
 
-@functools.cache
-def _slots_statement(n_buckets: int):
-    """UNION ALL over j < n_buckets: (j, slot, uid, question_id) of bucket k{j} at the slots s{j}."""
-    qs = QuestionState
-    return union_all(*[select(literal_column(str(j)), qs.slot, qs.uid, qs.question_id).where(
-        *pooled_filter(bindparam("run_id")), qs.latest_k == bindparam(f"k{j}"),
-        qs.slot.in_(bindparam(f"s{j}", expanding=True))) for j in range(n_buckets)])
+def _sqlite_members_sql(sizes: list[int]) -> str:
+    """UNION ALL over buckets: (k, slot, uid, question_id) at `sizes[j]` slots of bucket j, through the
+    slot index by name (SQLite's planner otherwise scans the bucket by (run, retired, k))."""
+    return " UNION ALL ".join(
+        "SELECT latest_k, slot, uid, question_id FROM question_states INDEXED BY ix_question_states_run_pool_k_slot "
+        "WHERE run_id = ? AND retired IS 0 AND pool_size > 0 AND latest_k = ? "
+        f"AND slot IN ({', '.join('?' * n)})" for n in sizes)
 
 
 def members_at(conn: Connection, run_id: str, wanted: dict[int, set[int]]) -> dict[tuple[int, int], tuple[str, int]]:
@@ -150,11 +152,11 @@ def members_at(conn: Connection, run_id: str, wanted: dict[int, set[int]]) -> di
         rows = _pg_rows(conn, _PG_MEMBERS, {"run_id": run_id, "ks": [k for k, _ in pairs],
                                             "ss": [slot for _, slot in pairs]}, "reading pooled questions")
         return {(int(k), int(slot)): (uid, qid) for k, slot, uid, qid in rows}
-    params: dict = {"run_id": run_id}
-    for j, k in enumerate(ks):
-        params.update({f"k{j}": k, f"s{j}": sorted(wanted[k])})
-    return {(ks[int(j)], int(slot)): (uid, qid)
-            for j, slot, uid, qid in conn.execute(_slots_statement(len(ks)), params)}
+    params: list = []
+    for k in ks:
+        params += [run_id, k, *sorted(wanted[k])]
+    rows = conn.exec_driver_sql(_sqlite_members_sql([len(wanted[k]) for k in ks]), tuple(params))
+    return {(int(k), int(slot)): (uid, qid) for k, slot, uid, qid in rows}
 
 
 def pooled_uids_at(conn: Connection, run_id: str, picks: list[tuple[int, int]]) -> list[str]:
