@@ -59,14 +59,12 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
     counts = [K] * len(plan.fresh) + [K - 1] * len(plan.replay)
     rollouts: list[Rollout] = []
     entropies: list[list[float]] = []
-    for n in sorted(set(counts)):
-        chosen = [u for u, c in zip(uids, counts) if c == n]
-        gens = s.team.generate([s.prompt_ids(u) for u in chosen], n, temperature=cfg.temperature,
-                               max_new_tokens=cfg.max_response_tokens)
-        for uid, group in zip(chosen, gens):
-            rollouts += [Rollout(uid, s.prompt_ids(uid), g.response_ids, g.logprobs, g.text, g.truncated, plan.step)
-                         for g in group]
-            entropies += [g.entropies for g in group]
+    gens = s.team.generate([s.prompt_ids(u) for u in uids], counts, temperature=cfg.temperature,
+                           max_new_tokens=cfg.max_response_tokens)  # one batch: K and K-1 samples together
+    for uid, group in zip(uids, gens):
+        rollouts += [Rollout(uid, s.prompt_ids(uid), g.response_ids, g.logprobs, g.text, g.truncated, plan.step)
+                     for g in group]
+        entropies += [g.entropies for g in group]
     sampler_logp = [r.behaviour_logprobs for r in rollouts]
     if needs_rescore(s):
         score_rollouts(s, rollouts)

@@ -8,6 +8,7 @@ The vLLM engine arrives with the scale-out issue behind the same `generate` sign
 
 from __future__ import annotations
 
+import itertools
 from typing import Protocol
 
 import torch
@@ -17,9 +18,22 @@ from exgrpo_core.types import Generation
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: list[list[int]], n: int, *, temperature: float,
+    def generate(self, prompts: list[list[int]], n: int | list[int], *, temperature: float,
                  max_new_tokens: int) -> list[list[Generation]]:
-        """Sample `n` responses for every prompt; result[i] holds the n generations of prompts[i]."""
+        """Sample `n` responses for every prompt (or n[i] for prompts[i]); result[i] holds prompts[i]'s."""
+
+
+def sample_counts(prompts: list, n: int | list[int]) -> list[int]:
+    """Responses wanted per prompt: `n` for each, or the list itself (checked against the prompts)."""
+    if isinstance(n, int):
+        counts = [n] * len(prompts)
+    else:
+        counts = [int(c) for c in n]
+        if len(counts) != len(prompts):
+            raise ValueError(f"{len(counts)} sample counts for {len(prompts)} prompts")
+    if any(c < 1 for c in counts):
+        raise ValueError(f"every prompt needs at least one sample, got counts {counts}")
+    return counts
 
 
 class TransformersEngine:
@@ -37,9 +51,10 @@ class TransformersEngine:
         self.share_prefill = True  # repeated prompts: one prompt forward, its cache copied (`_shared_prefill`)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int, *, temperature: float,
+    def generate(self, prompts: list[list[int]], n: int | list[int], *, temperature: float,
                  max_new_tokens: int) -> list[list[Generation]]:
-        flat = [p for p in prompts for _ in range(n)]
+        counts = sample_counts(prompts, n)
+        flat = [p for p, c in zip(prompts, counts) for _ in range(c)]  # one batch for all counts
         out: list[Generation] = []
         was_training = self.model.training
         self.model.eval()
@@ -48,7 +63,8 @@ class TransformersEngine:
                 out.extend(self._generate_chunk(flat[i:i + self.batch_size], temperature, max_new_tokens))
         finally:
             self.model.train(was_training)
-        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+        ends = list(itertools.accumulate(counts))
+        return [out[e - c:e] for c, e in zip(counts, ends)]
 
     def _generate_chunk(self, prompts: list[list[int]], temperature: float,
                         max_new_tokens: int) -> list[Generation]:

@@ -14,6 +14,7 @@ import math
 import os
 from typing import Any, Iterable, Sequence
 
+from exgrpo_core.rollout import sample_counts
 from exgrpo_core.types import Generation
 
 
@@ -111,13 +112,14 @@ class VLLMEngine:
                                      tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
-    def generate(self, prompts: list[list[int]], n: int, *, temperature: float,
+    def generate(self, prompts: list[list[int]], n: int | list[int], *, temperature: float,
                  max_new_tokens: int) -> list[list[Generation]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(n=n, temperature=temperature, top_p=self.top_p, max_tokens=max_new_tokens,
-                                logprobs=0, stop_token_ids=list(self.eos_ids), skip_special_tokens=True)
+        params = [SamplingParams(n=c, temperature=temperature, top_p=self.top_p, max_tokens=max_new_tokens,
+                                 logprobs=0, stop_token_ids=list(self.eos_ids), skip_special_tokens=True)
+                  for c in sample_counts(prompts, n)]  # one request per prompt, all in one batch
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         return [[generation_from_vllm(c, eos_ids=self.eos_ids, max_new_tokens=max_new_tokens, decode=decode)

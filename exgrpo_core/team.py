@@ -23,6 +23,7 @@ import torch
 from exgrpo_core import checkpoint, distributed as D, fsdp, metrics as M, policy
 from exgrpo_core.batch import collate
 from exgrpo_core.optimise import optimise
+from exgrpo_core.rollout import sample_counts
 from exgrpo_core.types import Generation, Rollout
 
 
@@ -56,14 +57,15 @@ class Worker:
 
     def generate(self, args) -> list[list[Generation]]:
         prompts, n, kwargs, seed, settings = args
-        mine, real = self._share(prompts)
+        mine_counted, real = self._share(list(zip(prompts, sample_counts(prompts, n))))
+        mine, counts = [p for p, _ in mine_counted], [c for _, c in mine_counted]
         if seed is not None:
             torch.manual_seed(seed + self.topo.rank)
         saved = {k: getattr(self.engine, k) for k in settings}
         try:
             for k, v in settings.items():  # e.g. evaluation's top_p and batch size
                 setattr(self.engine, k, v)
-            return self.engine.generate(mine, n, **kwargs)[:real] if mine else []
+            return self.engine.generate(mine, counts, **kwargs)[:real] if mine else []
         finally:
             for k, v in saved.items():
                 setattr(self.engine, k, v)
@@ -152,7 +154,7 @@ class Team:
         part = getattr(self.worker, op)(args)
         return D.gather_lists(part) if op in _GATHERED else part
 
-    def generate(self, prompts: list[list[int]], n: int, *, temperature: float,
+    def generate(self, prompts: list[list[int]], n: int | list[int], *, temperature: float,
                  max_new_tokens: int, **settings) -> list[list[Generation]]:
         """The rollout engine's `generate`, spread over the processes; `settings` (top_p, batch_size)
         replace the engine's own for this call."""

@@ -78,3 +78,21 @@ def test_repeated_prompts_are_embedded_once_before_sampling(engine):
         hook.remove()
     width = max(len(p) for p in prompts)
     assert seen == [2 * (width - 1), 4]  # two distinct prompts minus their last column, then the 4 last tokens
+
+
+def test_per_prompt_counts_sample_in_one_batch(engine):
+    """ExGRPO's mixed batch: K samples for fresh questions, K-1 for replayed ones, one generate call."""
+    prompts = _prompts(engine)
+    calls = []
+    original = engine._generate_chunk
+    engine._generate_chunk = lambda rows, *a: calls.append(len(rows)) or original(rows, *a)
+    try:
+        torch.manual_seed(4)
+        out = engine.generate(prompts, [3, 2], temperature=1.0, max_new_tokens=3)
+    finally:
+        engine._generate_chunk = original
+    assert [len(g) for g in out] == [3, 2] and calls == [5]
+    with pytest.raises(ValueError, match="2 sample counts for 1 prompts"):
+        engine.generate(prompts[:1], [1, 2], temperature=1.0, max_new_tokens=3)
+    with pytest.raises(ValueError, match="at least one sample"):
+        engine.generate(prompts, [1, 0], temperature=1.0, max_new_tokens=3)
