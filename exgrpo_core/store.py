@@ -296,8 +296,9 @@ class ExperienceStore:
         T, QS = Trajectory, QuestionState
         with write_transaction(self.engine, f"recording replays of run {run_id} at step {step}") as conn:
             qid_of: dict[int, int] = {}
-            for part in chunks(sorted(per_traj)):
-                qid_of.update(conn.execute(select(T.id, T.question_id).where(T.run_id == run_id, T.id.in_(part))).all())
+            for part in chunks(sorted(per_traj)):  # by primary key only (SQLite scanned the run's step index)
+                qid_of.update((tid, qid) for tid, qid, run in conn.execute(
+                    select(T.id, T.question_id, T.run_id).where(T.id.in_(part))) if run == run_id)
             missing = sorted(per_traj.keys() - qid_of.keys())
             if missing:
                 raise StoreError(f"trajectory ids not in run {run_id}: {missing[:5]}")
