@@ -8,11 +8,11 @@ padding in that mean, which biases it toward short trajectories. No optimiser, n
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-
 import torch
 import torch.nn.functional as F
+
+from exgrpo_core.forward_parts import (can_share_prompts, head_at, shared_prompt_logits,
+                                        takes_logits_to_keep)
 
 
 class PolicyInputError(ValueError):
@@ -51,13 +51,15 @@ def _block_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: floa
 
 
 def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: bool, temperature: float,
-                   chunk_positions: int, want: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   chunk_positions: int, want: torch.Tensor | None,
+                   share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Score one micro-batch [n, L]; columns that are padding in every row are skipped.
 
     Only positions that are scored (real, not a row's first token, and in `want` when given) reach the
-    vocabulary: the output head runs on those positions' hidden states only (`_head_at`; otherwise
-    logits start at the first such column through `logits_to_keep`, when the model takes it) and the
-    softmax runs over those positions only, `chunk_positions` at a time across all rows.
+    vocabulary: the output head runs on those positions' hidden states only (`forward_parts.head_at`;
+    otherwise logits start at the first such column through `logits_to_keep`, when the model takes it)
+    and the softmax runs over those positions only, `chunk_positions` at a time across all rows. Rows
+    that share a prompt run it once (`forward_parts.shared_prompt_logits`) when `share_prompts`.
     """
     n, width = ids.shape
     cols = torch.nonzero(am.any(dim=0)).flatten()
@@ -71,20 +73,25 @@ def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: boo
         valid = valid & (want[:, lo + 1:hi] != 0)
     targets_at = torch.nonzero(valid.any(dim=0)).flatten()
     first = int(targets_at[0]) if targets_at.numel() else hi - lo - 2  # first logit column needed
-    position_ids = (am.long().cumsum(-1) - 1).clamp(min=0)  # [n, l]; real tokens count from 0
     rows, pos = torch.nonzero(valid[:, first:], as_tuple=True)  # [M] each: the scored positions
     targets = ids[rows, first + pos + 1]  # [M]
-    with _head_at(model, rows, first + pos, (n, hi - lo)) as tap:
-        keep = not tap.armed and takes_logits_to_keep(model)  # the hook wants the full [n, l, H] states
-        kwargs = {"logits_to_keep": hi - lo - first} if keep else {}
-        logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids, use_cache=False,
-                       **kwargs).logits  # [1, M, V] through the head hook, else [n, l - first, V] (or [n, l, V])
-    if not tap.hit:
-        logits = logits[:, logits.shape[1] - (hi - lo - first):]  # column j predicts ids[:, first + j + 1]
+    flat = (shared_prompt_logits(model, ids, am, rows, first + pos)
+            if share_prompts and rows.numel() and can_share_prompts(model) else None)  # [M, V] or None
+    if flat is None:
+        position_ids = (am.long().cumsum(-1) - 1).clamp(min=0)  # [n, l]; real tokens count from 0
+        with head_at(model, rows, first + pos, (n, hi - lo)) as tap:
+            keep = not tap.armed and takes_logits_to_keep(model)  # the hook wants the full [n, l, H] states
+            kwargs = {"logits_to_keep": hi - lo - first} if keep else {}
+            logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids, use_cache=False,
+                           **kwargs).logits  # [1, M, V] through the head hook, else [n, l - first, V] (or [n, l, V])
+        if tap.hit:
+            flat = logits[0]
+        else:
+            logits = logits[:, logits.shape[1] - (hi - lo - first):]  # column j predicts ids[:, first + j + 1]
 
     def block(s: int) -> torch.Tensor:  # [c, V]: the logits of scored positions s .. s + c
-        if tap.hit:  # [1, M, V], entry i scores (rows[i], pos[i])
-            return logits[0, s:s + chunk_positions]
+        if flat is not None:  # [M, V], entry i scores (rows[i], pos[i])
+            return flat[s:s + chunk_positions]
         return logits[rows[s:s + chunk_positions], pos[s:s + chunk_positions]]
 
     valid = valid[:, first:]  # [n, l-1-first]
@@ -97,64 +104,16 @@ def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: boo
         if values:
             x = x.index_put((rows, pos), torch.cat(values))
         else:  # nothing scored: zeros that still reach the graph, so backward() works
-            x = x + logits.sum().float() * 0.0
+            x = x + (flat if flat is not None else logits).sum().float() * 0.0
         return F.pad(x, pad)  # [n, L]
 
     return place([p[0] for p in pieces]), (place([p[1] for p in pieces]) if with_entropy else None)
 
 
-class _HeadTap:
-    armed = False  # a pre-hook sits on the output head
-    hit = False  # the head ran on the gathered positions
-
-
-@contextlib.contextmanager
-def _head_at(model, rows: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int]):
-    """While active, the output head sees only the hidden states at (rows, cols) of the [n, l] input,
-    as one [1, M, H] sequence: the vocabulary projection and its backward run on the scored positions
-    only, not on the padding between rows of different lengths. `tap.hit` tells whether that happened;
-    a model that does not call its output-embedding module on [n, l, H] is left alone.
-    """
-    tap, head = _HeadTap(), _output_head(model)
-    if head is None or rows.numel() == 0:
-        yield tap
-        return
-
-    def pre_hook(_module, args):
-        hidden = args[0]
-        if tap.hit or hidden.dim() != 3 or tuple(hidden.shape[:2]) != shape:
-            return None
-        tap.hit = True
-        return (hidden[rows, cols].unsqueeze(0), *args[1:])
-
-    handle = head.register_forward_pre_hook(pre_hook)
-    tap.armed = True
-    try:
-        yield tap
-    finally:
-        handle.remove()
-
-
-def _output_head(model):
-    inner = getattr(model, "module", model)
-    get = getattr(inner, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    return head if isinstance(head, torch.nn.Module) else None
-
-
-def takes_logits_to_keep(model) -> bool:
-    """Whether the causal LM's forward accepts `logits_to_keep` (transformers models do; test fakes may not)."""
-    forward = getattr(model, "module", model).forward
-    try:
-        return "logits_to_keep" in inspect.signature(forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                                micro_batch_size: int, with_entropy: bool = True, temperature: float = 1.0,
                                chunk_positions: int = 1024, score_mask: torch.Tensor | None = None,
-                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                               share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log pi(x_t | x_<t) and entropy H_t = -sum_v pi(v | x_<t) log pi(v | x_<t) (SPEC §1.1).
 
     Runs under the caller's grad mode (with grad for the loss, `torch.no_grad()` for selection).
@@ -172,6 +131,8 @@ def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: t
         chunk_positions: positions scored per softmax block (across the micro-batch's rows).
         score_mask: [N, L], optional: only these positions are scored (e.g. the response mask), the
             others are returned as 0 and their vocabulary softmax is never computed.
+        share_prompts: rows of a micro-batch whose tokens before their first scored position agree
+            run those tokens once (`forward_parts.shared_prompt_logits`); same values up to rounding.
 
     Returns:
         logp [N, L] float32 and entropy [N, L] float32 (or None); 0 at padding, at each row's
@@ -192,7 +153,7 @@ def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: t
         rows = order[start:start + micro_batch_size]
         want = score_mask[rows].to(device) if score_mask is not None else None
         lp, h = _micro_forward(model, input_ids[rows].to(device), attention_mask[rows].to(device),
-                               with_entropy, temperature, chunk_positions, want)
+                               with_entropy, temperature, chunk_positions, want, share_prompts)
         logps.append(lp)
         ents.append(h)
     back = torch.argsort(order).to(device)  # [N]: position of each input row in the sorted output

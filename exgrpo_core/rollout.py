@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from exgrpo_core.policy import takes_logits_to_keep
+from exgrpo_core.forward_parts import takes_logits_to_keep
 from exgrpo_core.types import Generation
 
 
