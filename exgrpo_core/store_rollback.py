@@ -2,7 +2,8 @@
 
 Rows written after the step are deleted; the per-question state and the replay counters are then
 recomputed from what remains (group history, replays), and the pool slots restored from their undo
-log (store_replay.restore_slots), so the result equals a run stopped at that step. Retirement is permanent and stamped with its step, so it is undone iff `retired_step > step`.
+log (store_replay.restore_slots), so the result equals a run stopped at that step. Retirement is
+permanent and stamped with its step, so it is undone iff `retired_step > step`.
 """
 
 from __future__ import annotations
