@@ -36,7 +36,8 @@ def rollback_rows(conn: Connection, run_id: str, step: int) -> dict[str, int]:
         conn.execute(update(T).where(T.run_id == run_id, T.question_id.in_(part), T.retired.is_(True))
                      .values(in_pool=True, retired=False))
     _rebuild_states(conn, run_id, step, sorted(touched_q | unretire))
-    restore_slots(conn, run_id, step, conn.execute(select(Run.slots_logged_after).where(Run.id == run_id)).scalar_one())
+    logged_after = conn.execute(select(Run.slots_logged_after).where(Run.id == run_id)).scalar_one()
+    restore_slots(conn, run_id, step, logged_after)
     _rebuild_replay_counters(conn, run_id, sorted({tid for tid, _ in replayed}))
     return deleted
 
