@@ -53,7 +53,8 @@ from exgrpo_core.store_engine import scratch_postgres_database  # noqa: E402
 from exgrpo_core.types import GroupResult, Rollout  # noqa: E402
 
 PG_ADMIN = os.environ.get("EXGRPO_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-OPS = ["sample", "fetch", "sample+fetch", "sample(ref)", "fetch(full)", "update", "replays", "retired", "retire", "rollback"]
+OPS = ["sample", "fetch", "sample+fetch", "sample(ref)", "fetch(full)", "update", "replays", "retired", "retire",
+       "rollback"]
 WORDS = "so we get then the sum is equal to both sides check answer step".split()
 
 
