@@ -82,8 +82,13 @@ class DataConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    engine: Literal["transformers", "vllm"] = "transformers"
-    """Rollout backend (vLLM on GPU only)."""
+    engine: Literal["transformers", "vllm", "remote"] = "transformers"
+    """Rollout backend: transformers (shares the trainer's module), vllm (colocated, GPU only) or
+    remote (a rollout server on another node, `exgrpo rollout-server`; needs `server_url`)."""
+    server_url: str | None = None
+    """(remote) The rollout server's address, e.g. http://rollout-node:8009."""
+    server_timeout_s: float = Field(default=600.0, gt=0)
+    """(remote) Seconds one request may take (a batch of long generations)."""
     group_size: int = Field(default=8, ge=2)
     """K responses per question (paper: 8)."""
     temperature: float = Field(default=1.0, gt=0)
@@ -277,6 +282,8 @@ class ExGRPOConfig(_Section):
         if (self.eval.every > 0 or self.eval.final) and not (self.eval.suites or self.data.eval_path):
             raise ValueError("eval.every > 0 or eval.final needs something to evaluate on: set eval.suites "
                              "(e.g. [paper-valid]) or data.eval_path")
+        if self.rollout.engine == "remote" and not self.rollout.server_url:
+            raise ValueError("rollout.engine=remote needs rollout.server_url (the `exgrpo rollout-server` address)")
         return self
 
     @property

@@ -195,10 +195,10 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
         aggregation=cfg.loss.aggregation, max_response_len=cfg.rollout.max_response_tokens,
         entropy_coef=cfg.loss.entropy_coef, kl_coef=cfg.loss.kl_coef, temperature=cfg.rollout.temperature,
         max_grad_norm=cfg.train.max_grad_norm, skip_grad_norm=cfg.train.skip_grad_norm))
-    if hasattr(s.engine, "push_weights"):  # an engine with its own copy of the weights (vLLM)
+    if hasattr(s.engine, "push_weights"):  # an engine with its own copy of the weights (vLLM, remote)
+        dtype = getattr(s.engine, "weight_dtype", None) or getattr(torch, s.cfg.model.dtype)
         stats.update(engine_sync.push_and_check(s.engine, s.accelerator.unwrap_model(s.model),
-                                                s.prompt_ids(min(s.questions)),
-                                                getattr(torch, s.cfg.model.dtype)))
+                                                s.prompt_ids(min(s.questions)), dtype))
     dt = time.perf_counter() - t0
     stats[M.TIME_TRAIN] = dt
     stats[M.TRAIN_TOKENS_PER_S] = float(batch.attention_mask.sum()) / max(dt, 1e-9)

@@ -203,10 +203,18 @@ def adamw(params, *, lr: float, weight_decay: float, eps: float = 1e-8) -> torch
 
 
 def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str, run_dir: Path):
-    """The transformers engine shares the trainer's module; vLLM loads its own copy of the weights."""
+    """The transformers engine shares the trainer's module; vLLM loads its own copy of the weights; a
+    remote engine is a rollout server, which gets the trainer's weights at once."""
     if cfg.rollout.engine == "transformers":
         return TransformersEngine(model, tokenizer, top_p=cfg.rollout.top_p,
                                   batch_size=cfg.rollout.generation_batch_size)
+    if cfg.rollout.engine == "remote":  # the server may hold other weights (another run, a checkpoint): push
+        from exgrpo_core.rollout_remote import RemoteEngine
+
+        engine = RemoteEngine(cfg.rollout.server_url, tokenizer, top_p=cfg.rollout.top_p,
+                              timeout_s=cfg.rollout.server_timeout_s)
+        engine.push_weights(model.named_parameters())
+        return engine
     from exgrpo_core.rollout_vllm import VLLMEngine
 
     path = source

@@ -144,6 +144,23 @@ def _config_args(sp, *, required: bool, config_help: str = "preset name (tiny, c
     sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
 
 
+def cmd_rollout_server(args: argparse.Namespace) -> int:
+    from exgrpo_core.rollout_server import RolloutServer, build_backend
+
+    backend, tokenizer = build_backend(args.model, args.backend, dtype=args.dtype, batch_size=args.batch_size,
+                                       tensor_parallel_size=args.tensor_parallel_size,
+                                       gpu_memory_utilization=args.gpu_memory_utilization,
+                                       max_model_len=args.max_model_len)
+    server = RolloutServer(backend, tokenizer, model_name=args.model, host=args.host, port=args.port)
+    console.print(f"rollout server ({args.backend}, {args.model}) on {server.url}: train with "
+                  f"--set rollout.engine=remote --set rollout.server_url={server.url}")
+    try:
+        server.serve_forever()
+    finally:
+        server.stop()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="exgrpo", description="ExGRPO training platform")
     sub = p.add_subparsers(dest="command", required=True)
@@ -181,6 +198,17 @@ def build_parser() -> argparse.ArgumentParser:
                     ".jsonl/.parquet path or hf:NAME (default: eval.suites, else data.eval_path)")
     ev.add_argument("--out", default="runs/eval-table", help="where the table of all targets is written")
     ev.set_defaults(fn=cmd_evaluate)
+    rs = sub.add_parser("rollout-server", help="serve rollouts for rollout.engine=remote (a dedicated rollout node)")
+    rs.add_argument("--model", required=True, help="model name or path: the same one the trainer starts from")
+    rs.add_argument("--backend", choices=["transformers", "vllm"], default="transformers")
+    rs.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for other nodes)")
+    rs.add_argument("--port", type=int, default=8009)
+    rs.add_argument("--dtype", default="float32", help="weights on the server (vLLM: bfloat16)")
+    rs.add_argument("--batch-size", type=int, default=64, help="(transformers) sequences per generate call")
+    rs.add_argument("--tensor-parallel-size", type=int, default=1, help="(vllm) GPUs the engine spans")
+    rs.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="(vllm) share of each GPU")
+    rs.add_argument("--max-model-len", type=int, default=None, help="(vllm) prompt + response tokens")
+    rs.set_defaults(fn=cmd_rollout_server)
     return p
 
 
@@ -204,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _USER_ERRORS = {"ConfigError", "DataError", "StoreError", "TrackingError", "ModelLoadError", "ResumeError",
-                "VLLMUnavailable", "BudgetError"}
+                "VLLMUnavailable", "BudgetError", "RemoteEngineError"}
 
 if __name__ == "__main__":
     sys.exit(main())
