@@ -28,7 +28,7 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
              aggregation: str, max_response_len: int, entropy_coef: float, kl_coef: float,
              ref_model, max_grad_norm: float, skip_grad_norm: float | None,
              temperature: float = 1.0, micro_batch_tokens: int | None = None,
-             shard: tuple[int, int] = (0, 1), sharded: bool = False) -> dict[str, float]:
+             shard: tuple[int, int] = (0, 1), sharded: bool = False, share_prompts: bool = True) -> dict[str, float]:
     """Run `n_minibatches` optimiser steps over the batch; return averaged detached stats."""
     rank, world = shard
     model.train()
@@ -49,7 +49,8 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
             for i, micro_rows in enumerate(micros):
                 micro = select_rows(part, micro_rows) if micro_rows is not None else select_rows(mini, [0])
                 loss, stats = _micro_loss(model, micro, denom, onpolicy_term, replay_term,
-                                          entropy_coef, kl_coef, ref_model, micro_batch_size, temperature)
+                                          entropy_coef, kl_coef, ref_model, micro_batch_size, temperature,
+                                          share_prompts)
                 if sharded:  # reduce-scatter once, after the last pass; FSDP2 averages, we want the sum
                     model.set_requires_gradient_sync(i == len(micros) - 1)
                     loss = loss * world
@@ -105,17 +106,19 @@ _ADDITIVE = ("loss/total", "loss/onpolicy", "loss/offpolicy", "loss/entropy", "l
 
 
 def _micro_loss(model, micro: TrainBatch, denom, onpolicy_term, replay_term, entropy_coef,
-                kl_coef, ref_model, micro_batch_size, temperature):
+                kl_coef, ref_model, micro_batch_size, temperature, share_prompts=True):
     """Forward one micro-batch and build the mixed-policy loss (ExGRPO Eq. 4, code weighting)."""
     logp, ent = policy.token_logprobs_and_entropy(
         model, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size,
-        with_entropy=entropy_coef > 0, temperature=temperature, score_mask=micro.response_mask)
+        with_entropy=entropy_coef > 0, temperature=temperature, score_mask=micro.response_mask,
+        share_prompts=share_prompts)
     ref_logp = None
     if kl_coef > 0 and ref_model is not None:
         with torch.no_grad():
             ref_logp, _ = policy.token_logprobs_and_entropy(
                 ref_model, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size,
-                with_entropy=False, temperature=temperature, score_mask=micro.response_mask)
+                with_entropy=False, temperature=temperature, score_mask=micro.response_mask,
+                share_prompts=share_prompts)
     return losses.mixed_policy_loss(
         logp, micro.old_logprobs, micro.advantages, micro.response_mask, micro.is_replay,
         onpolicy_term=onpolicy_term, replay_term=replay_term, denominator=denom,

@@ -190,7 +190,7 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
     engine.synced = sharded
     worker = Worker(model=model, optimizer=optimizer, accelerator=accelerator, engine=engine, ref_model=ref_model,
                     scoring_micro_batch=2 * cfg.train.micro_batch_size, temperature=cfg.rollout.temperature,
-                    sharded=sharded)
+                    sharded=sharded, share_prompts=cfg.train.share_prompt_forward)
     return worker, tokenizer
 
 

@@ -41,6 +41,7 @@ class Worker:
     scoring_micro_batch: int
     temperature: float
     sharded: bool = False           # FSDP2: every forward is a collective
+    share_prompts: bool = True      # train.share_prompt_forward
 
     @property
     def topo(self) -> D.Topology:
@@ -85,7 +86,7 @@ class Worker:
         logp, ent = policy.token_logprobs_and_entropy(
             model, batch.input_ids.to(dev), batch.attention_mask.to(dev), micro_batch_size=self.scoring_micro_batch,
             with_entropy=entropy_kind == "mean", temperature=self.temperature,
-            score_mask=batch.response_mask)
+            score_mask=batch.response_mask, share_prompts=self.share_prompts)
         model.train(was_training)
         mask = batch.response_mask.to(logp.device)
         h = policy.trajectory_entropy(ent, mask) if entropy_kind == "mean" else policy.trajectory_nll(logp, mask)
@@ -99,7 +100,8 @@ class Worker:
             if getattr(batch, name) is not None:
                 setattr(batch, name, getattr(batch, name).to(dev))
         stats = optimise(self.model, self.optimizer, self.accelerator, batch, ref_model=self.ref_model,
-                         shard=(self.topo.rank, self.topo.world), sharded=self.sharded, **kwargs)
+                         shard=(self.topo.rank, self.topo.world), sharded=self.sharded,
+                         share_prompts=self.share_prompts, **kwargs)
         if self.topo.world > 1 and not self.sharded:  # FSDP2 shards differ by design
             stats[PARAM_GAP] = param_gap(self.accelerator.unwrap_model(self.model))
         return stats

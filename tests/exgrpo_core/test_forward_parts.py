@@ -87,3 +87,17 @@ def test_not_shared_under_gradient_checkpointing_in_training(llama):
     assert not can_share_prompts(llama)
     llama.eval()
     assert can_share_prompts(llama)
+
+
+def test_the_config_switch_reaches_the_trainer(tmp_path):
+    from exgrpo_core.config_io import load_config
+    from exgrpo_core.session import open_session
+
+    for on in (True, False):
+        cfg = load_config("tiny", [f"run.output_dir={tmp_path / str(on)}", "run.resume=never",
+                                   f"run.db_url=sqlite:///{tmp_path / f'{on}.db'}", f"train.share_prompt_forward={on}"])
+        s = open_session(cfg)
+        try:
+            assert s.team.worker.share_prompts is on
+        finally:
+            s.close()
