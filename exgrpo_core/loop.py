@@ -16,7 +16,7 @@ from functools import partial
 
 import torch
 
-from exgrpo_core import engine_sync, losses, metrics as M, selection
+from exgrpo_core import losses, metrics as M, selection
 from exgrpo_core.advantages import compute_group_advantages
 from exgrpo_core.batch import collate
 from exgrpo_core.rollout import TransformersEngine
@@ -197,8 +197,7 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
         max_grad_norm=cfg.train.max_grad_norm, skip_grad_norm=cfg.train.skip_grad_norm))
     if hasattr(s.engine, "push_weights"):  # an engine with its own copy of the weights (vLLM, remote)
         dtype = getattr(s.engine, "weight_dtype", None) or getattr(torch, s.cfg.model.dtype)
-        stats.update(engine_sync.push_and_check(s.engine, s.accelerator.unwrap_model(s.model),
-                                                s.prompt_ids(min(s.questions)), dtype))
+        stats.update(s.team.push_weights(s.prompt_ids(min(s.questions)), dtype))
     dt = time.perf_counter() - t0
     stats[M.TIME_TRAIN] = dt
     stats[M.TRAIN_TOKENS_PER_S] = float(batch.attention_mask.sum()) / max(dt, 1e-9)

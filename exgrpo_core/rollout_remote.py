@@ -25,6 +25,7 @@ class RemoteEngineError(RuntimeError):
 
 
 class RemoteEngine:
+    shared_by_processes = True  # several training processes sample on one server; rank 0 pushes
     def __init__(self, url: str, tokenizer, *, top_p: float = 1.0, timeout_s: float = 600.0,
                  chunk_bytes: int = 512 << 20):
         self.url = url.rstrip("/")

@@ -161,9 +161,9 @@ SUPPORTED_DISTRIBUTED = ("NO", "MULTI_CPU", "MULTI_GPU")
 
 def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path) -> tuple[Worker, object]:
     """Model (from the checkpoint when resuming), optimiser, reference model and rollout engine."""
-    if D.topology().world > 1 and cfg.rollout.engine != "transformers":
-        raise ValueError(f"rollout.engine={cfg.rollout.engine} with {D.topology().world} training processes is "
-                         "not supported yet: use rollout.engine=transformers, or one process (docs/scaling.md)")
+    if D.topology().world > 1 and cfg.rollout.engine == "vllm":
+        raise ValueError(f"rollout.engine=vllm with {D.topology().world} training processes is not supported yet: "
+                         "use rollout.engine=remote (a rollout server), transformers, or one process (docs/scaling.md)")
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     source = str(ckpt) if ckpt else cfg.model.name_or_path
@@ -179,7 +179,8 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
     sharded = cfg.train.sharding == "fsdp2"
     if sharded:  # FSDP2 before the optimiser, which must see the sharded parameters; no DDP wrapper
         if cfg.rollout.engine != "transformers":
-            raise ValueError("train.sharding=fsdp2 with rollout.engine=vllm is not supported yet (docs/scaling.md)")
+            raise ValueError(f"train.sharding=fsdp2 with rollout.engine={cfg.rollout.engine} is not supported yet: "
+                             "the push needs whole weights (docs/scaling.md)")
         model = fsdp.shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16")
     optimizer = adamw(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     if not sharded:
@@ -213,7 +214,8 @@ def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str, run_dir: Path
 
         engine = RemoteEngine(cfg.rollout.server_url, tokenizer, top_p=cfg.rollout.top_p,
                               timeout_s=cfg.rollout.server_timeout_s)
-        engine.push_weights(model.named_parameters())
+        if D.topology().is_main:  # one server for all processes; followers sample only when rank 0 says
+            engine.push_weights(model.named_parameters())
         return engine
     from exgrpo_core.rollout_vllm import VLLMEngine
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from exgrpo_core import checkpoint, distributed as D, fsdp, metrics as M, policy
+from exgrpo_core import checkpoint, distributed as D, engine_sync, fsdp, metrics as M, policy
 from exgrpo_core.batch import collate
 from exgrpo_core.optimise import optimise
 from exgrpo_core.rollout import sample_counts
@@ -107,6 +107,26 @@ class Worker:
         return stats
 
 
+    def push_weights(self, args) -> dict[str, float]:
+        """Push this process's weights to its rollout engine and check them (engine_sync); an engine that
+        all processes share (a rollout server) gets them from rank 0 only. A failed check on any
+        process stops all of them."""
+        probe_ids, dtype = args
+        stats, error = {}, ""
+        if self.topo.is_main or not getattr(self.engine, "shared_by_processes", False):
+            try:
+                stats = engine_sync.push_and_check(self.engine, self.accelerator.unwrap_model(self.model),
+                                                   probe_ids, dtype)
+            except engine_sync.EngineSyncError as e:
+                error = str(e)
+        if self.topo.world > 1:
+            if D.all_reduce_max(1.0 if error else 0.0) and not error:
+                error = "another training process's rollout engine failed its weight check"
+            stats = {k: D.all_reduce_max(stats.get(k, 0.0)) for k in (M.ENGINE_SYNC_GAP, M.ENGINE_SYNC_S)}
+        if error:
+            raise engine_sync.EngineSyncError(error)
+        return stats
+
     def model_state(self, args=None) -> dict | None:
         """FSDP2: the full model state dict, on rank 0 (None elsewhere)."""
         state = fsdp.full_model_state(self.model)
@@ -127,7 +147,7 @@ class Worker:
 
 
 PARAM_GAP = M.DIST_PARAM_GAP
-_OPS = ("generate", "score", "optimise", "model_state", "save_optimizer", "load_optimizer")
+_OPS = ("generate", "score", "optimise", "push_weights", "model_state", "save_optimizer", "load_optimizer")
 _GATHERED = ("generate", "score")
 
 
@@ -178,6 +198,10 @@ class Team:
             raise TeamError(f"training processes hold different weights after the optimiser step "
                             f"(summed parameters differ by {gap:.3g} relative); gradients were not reduced the same way")
         return stats
+
+    def push_weights(self, probe_ids: list[int], dtype: torch.dtype) -> dict[str, float]:
+        """After the optimiser step: every rollout engine gets the new weights, checked (engine_sync)."""
+        return self._run("push_weights", (probe_ids, dtype))
 
     def model_state(self) -> dict | None:
         """The full model state gathered from every process (FSDP2), else None (the model holds it)."""

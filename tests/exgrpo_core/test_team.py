@@ -162,3 +162,82 @@ def test_token_budget_micro_batches():
     assert sorted(sum(micro_batch_rows(batch, 3, max_tokens=16), [])) == [0, 1, 2, 3]
     assert all(len(m) * max(batch.attention_mask[i].sum() for i in m) <= 16 or len(m) == 1
                for m in micro_batch_rows(batch, 3, max_tokens=16))
+
+
+class _PushEngine:
+    """A rollout engine with its own weights (as vLLM): counts pushes; `drop` ignores them."""
+
+    def __init__(self, model, drop: bool, shared: bool):
+        import copy
+
+        self.copy, self.drop, self.shared_by_processes, self.pushes = copy.deepcopy(model), drop, shared, 0
+
+    def push_weights(self, named):
+        self.pushes += 1
+        if not self.drop:
+            own = dict(self.copy.named_parameters())
+            with torch.no_grad():
+                for n, p in named:
+                    own[n].copy_(p.detach())
+        return 0
+
+    def checksums(self, names):
+        own = dict(self.copy.named_parameters())
+        return {n: float(own[n].double().sum()) for n in names}
+
+    def probe(self, ids):
+        from exgrpo_core.engine_sync import trainer_probe
+
+        return trainer_probe(self.copy, ids)
+
+
+def _spawned_push(rank: int, port: int, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    from exgrpo_core.engine_sync import EngineSyncError
+    from exgrpo_core.session import make_accelerator
+
+    worker = _worker(make_accelerator(ExGRPOConfig()))
+    model = worker.accelerator.unwrap_model(worker.model)
+    with torch.no_grad():
+        model.model.norm.weight.add_(1.0)  # the engines start stale
+    results = []
+    for drop_on, shared in ((None, False), (None, True), (1, False)):  # all load / a shared engine / rank 1 drops
+        worker.engine = _PushEngine(model, drop=rank == drop_on, shared=shared)
+        with torch.no_grad():
+            model.model.norm.weight.add_(0.5)
+        try:
+            if rank == 0:
+                stats = Team(worker).push_weights([1, 5, 6, 7], torch.float32)
+                D_ok = stats["engine/sync_logprob_gap"] < 1e-6
+            else:
+                serve_one = worker.push_weights  # what serve() runs for this operation
+                from exgrpo_core import distributed as D
+
+                op, args = D.broadcast(None)
+                assert op == "push_weights"
+                serve_one(args)
+                D_ok = True
+            results.append(("ok", D_ok, worker.engine.pushes))
+        except EngineSyncError as e:
+            results.append(("error", str(e)[:80], worker.engine.pushes))
+    out.put((rank, results))
+
+
+def test_every_process_pushes_to_its_engine_and_a_failed_check_stops_all():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_spawned_push, args=(r, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    own, shared, dropped = zip(got[0], got[1])
+    assert own == (("ok", True, 1), ("ok", True, 1))  # each process pushed to its own engine
+    assert shared == (("ok", True, 1), ("ok", True, 0))  # a shared engine (rollout server): rank 0 only
+    assert dropped[0][0] == dropped[1][0] == "error"  # rank 1's engine kept stale weights: both stop
+    assert "another training process" in dropped[0][1] and "differ from the trainer" in dropped[1][1]

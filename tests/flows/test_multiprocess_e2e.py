@@ -122,3 +122,36 @@ def test_two_processes_train_and_resume_exactly(tmp_path, prefect_server, tiny_o
         assert status == "finished" and step == 7
         ckpt = latest_checkpoint(tmp_path / "runs" / "mp")
         assert ckpt.name == "step_000007" and (ckpt / "optimizer").is_dir()
+
+
+def test_two_processes_sample_on_one_rollout_server(tmp_path, prefect_server, tiny_overrides):
+    """rollout.engine=remote under torchrun: both processes sample on one server; rank 0 alone pushes
+    (once when the session opens, once per step) and every push is checked."""
+    from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+    from exgrpo_core.rollout_server import RolloutServer, build_backend
+
+    folder = tmp_path / "server-model"
+    tok = build_tiny_tokenizer()
+    build_tiny_model(tok, **TINY, seed=7).save_pretrained(folder)  # another run's weights until the first push
+    tok.save_pretrained(folder)
+    backend, tokenizer = build_backend(str(folder), "transformers")
+    server = RolloutServer(backend, tokenizer, model_name="tiny", port=0).start()
+    seen = []
+    generate = backend.generate
+    backend.generate = lambda prompts, counts, **kw: seen.append(sum(counts)) or generate(prompts, counts, **kw)
+    try:
+        out = _torchrun(tmp_path, [*tiny_overrides, "rollout.engine=remote", f"rollout.server_url={server.url}",
+                                   "eval.every=0"], "remote", 3)
+    finally:
+        server.stop()
+    assert "step    3/3" in out, out[-3000:]
+    db = tmp_path / "exp.db"
+    (run_id,), = _rows(db, "select id from runs where name='remote'")
+    gaps = _rows(db, "select step, value from step_metrics where run_id=:r and key=:k order by step",
+                 r=run_id, k=M.ENGINE_SYNC_GAP)
+    assert [s for s, _ in gaps] == [0, 1, 2] and all(v < 1e-5 for _, v in gaps), gaps
+    assert server.version == 1 + 3  # rank 0's push at open and after each step; rank 1 never pushes
+    assert len(seen) >= 2 * 3  # both processes sent their shares every step
+    final = load_policy(str(latest_checkpoint(tmp_path / "runs" / "remote")), tiny=TINY)[0]
+    for a, b in zip(final.parameters(), backend.model.parameters()):
+        assert torch.equal(a, b)
