@@ -46,15 +46,24 @@ def trainer_probe(model, token_ids: list[int]) -> list[float]:
     return logp.gather(-1, torch.tensor(token_ids[1:], device=dev)[:, None])[:, 0].tolist()
 
 
-def push_and_check(engine, model, probe_ids: list[int], engine_dtype: torch.dtype) -> dict[str, float]:
-    """Push weights, verify checksums (raise on mismatch), and return the sync metrics."""
+def push_and_check(engine, model, probe_ids: list[int], engine_dtype: torch.dtype, *,
+                   named: list | None = None, trainer_logps: list[float] | None = None) -> dict[str, float]:
+    """Push weights, verify checksums (raise on mismatch), and return the sync metrics.
+
+    `named` (default: the model's named parameters) are the tensors pushed and checked, e.g. the full
+    tensors gathered from FSDP2 shards; `trainer_logps` (default: computed from `model`) the probe's.
+    """
     t0 = time.perf_counter()
-    engine.push_weights(model.named_parameters())
-    names = norm_names(model)
-    bad = compare_checksums(trainer_checksums(model, names, engine_dtype), engine.checksums(names))
+    named = list(model.named_parameters()) if named is None else named
+    engine.push_weights(named)
+    tensors = dict(named)
+    names = [n for n in tensors if n.endswith("norm.weight")]
+    mine = {n: float(tensors[n].detach().to(engine_dtype).double().sum()) for n in names}
+    bad = compare_checksums(mine, engine.checksums(names))
     if bad:
         raise EngineSyncError(f"rollout engine weights differ from the trainer's after a push "
                               f"({len(bad)} of {len(names)} checked tensors, e.g. {bad[0]}); stopping "
                               "before sampling from stale weights")
-    gap = probe_gap(engine.probe(probe_ids), trainer_probe(model, probe_ids))
+    gap = probe_gap(engine.probe(probe_ids), trainer_logps if trainer_logps is not None
+                    else trainer_probe(model, probe_ids))
     return {M.ENGINE_SYNC_GAP: gap, M.ENGINE_SYNC_S: time.perf_counter() - t0}

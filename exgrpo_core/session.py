@@ -178,9 +178,9 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
         ref_model.eval().requires_grad_(False)
     sharded = cfg.train.sharding == "fsdp2"
     if sharded:  # FSDP2 before the optimiser, which must see the sharded parameters; no DDP wrapper
-        if cfg.rollout.engine != "transformers":
-            raise ValueError(f"train.sharding=fsdp2 with rollout.engine={cfg.rollout.engine} is not supported yet: "
-                             "the push needs whole weights (docs/scaling.md)")
+        if cfg.rollout.engine == "vllm":
+            raise ValueError("train.sharding=fsdp2 with rollout.engine=vllm is not supported yet: use "
+                             "rollout.engine=remote (a rollout server) or transformers (docs/scaling.md)")
         model = fsdp.shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16")
     optimizer = adamw(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     if not sharded:
@@ -192,6 +192,8 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
     worker = Worker(model=model, optimizer=optimizer, accelerator=accelerator, engine=engine, ref_model=ref_model,
                     scoring_micro_batch=2 * cfg.train.micro_batch_size, temperature=cfg.rollout.temperature,
                     sharded=sharded, share_prompts=cfg.train.share_prompt_forward)
+    if cfg.rollout.engine == "remote":  # the server may hold other weights (another run, an older checkpoint)
+        worker.push_weights((None, None))  # every process: FSDP2 gathers the whole tensors first
     return worker, tokenizer
 
 
@@ -214,9 +216,7 @@ def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str, run_dir: Path
 
         engine = RemoteEngine(cfg.rollout.server_url, tokenizer, top_p=cfg.rollout.top_p,
                               timeout_s=cfg.rollout.server_timeout_s)
-        if D.topology().is_main:  # one server for all processes; followers sample only when rank 0 says
-            engine.push_weights(model.named_parameters())
-        return engine
+        return engine  # open_worker pushes the trainer's weights (gathered first with FSDP2)
     from exgrpo_core.rollout_vllm import VLLMEngine
 
     path = source

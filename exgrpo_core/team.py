@@ -111,14 +111,26 @@ class Worker:
         """Push this process's weights to its rollout engine and check them (engine_sync); an engine that
         all processes share (a rollout server) gets them from rank 0 only. A failed check on any
         process stops all of them."""
-        probe_ids, dtype = args
+        probe_ids, dtype = args  # probe_ids None: push only (when the session opens)
+        model = self.accelerator.unwrap_model(self.model)
+        named = trainer_logps = None
+        if self.sharded:  # FSDP2: gather whole tensors (every process), push them from rank 0
+            full = fsdp.full_model_state(model)
+            named = [(n, full[n]) for n, _ in model.named_parameters()] if self.topo.is_main else []
+            if probe_ids is not None:
+                trainer_logps = engine_sync.trainer_probe(model, probe_ids)  # a forward: every process
+        pushes = self.topo.is_main or not (self.sharded or getattr(self.engine, "shared_by_processes", False))
         stats, error = {}, ""
-        if self.topo.is_main or not getattr(self.engine, "shared_by_processes", False):
+        if pushes and probe_ids is None:
+            self.engine.push_weights(named if named is not None else model.named_parameters())
+        elif pushes:
             try:
-                stats = engine_sync.push_and_check(self.engine, self.accelerator.unwrap_model(self.model),
-                                                   probe_ids, dtype)
+                stats = engine_sync.push_and_check(self.engine, model, probe_ids, dtype, named=named,
+                                                   trainer_logps=trainer_logps)
             except engine_sync.EngineSyncError as e:
                 error = str(e)
+        if probe_ids is None:
+            return stats
         if self.topo.world > 1:
             if D.all_reduce_max(1.0 if error else 0.0) and not error:
                 error = "another training process's rollout engine failed its weight check"

@@ -124,7 +124,8 @@ def test_two_processes_train_and_resume_exactly(tmp_path, prefect_server, tiny_o
         assert ckpt.name == "step_000007" and (ckpt / "optimizer").is_dir()
 
 
-def test_two_processes_sample_on_one_rollout_server(tmp_path, prefect_server, tiny_overrides):
+@pytest.mark.parametrize("sharding", ["replicate", "fsdp2"])
+def test_two_processes_sample_on_one_rollout_server(tmp_path, prefect_server, tiny_overrides, sharding):
     """rollout.engine=remote under torchrun: both processes sample on one server; rank 0 alone pushes
     (once when the session opens, once per step) and every push is checked."""
     from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
@@ -141,6 +142,7 @@ def test_two_processes_sample_on_one_rollout_server(tmp_path, prefect_server, ti
     backend.generate = lambda prompts, counts, **kw: seen.append(sum(counts)) or generate(prompts, counts, **kw)
     try:
         out = _torchrun(tmp_path, [*tiny_overrides, "rollout.engine=remote", f"rollout.server_url={server.url}",
+                                   f"train.sharding={sharding}",
                                    "eval.every=0"], "remote", 3)
     finally:
         server.stop()
