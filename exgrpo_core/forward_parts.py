@@ -112,7 +112,7 @@ def shared_prompt_logits(model, ids: torch.Tensor, am: torch.Tensor, rows: torch
     span = int((ends - starts).max())
     grid = starts[:, None] + torch.arange(span, device=ids.device)[None, :]  # [m, C] source columns
     inside = grid < ends[:, None]
-    cont_ids = torch.where(inside, ids[used][:, :].gather(1, grid.clamp(max=ids.shape[1] - 1)), 0)
+    cont_ids = torch.where(inside, ids[used].gather(1, grid.clamp(max=ids.shape[1] - 1)), 0)
     lengths = torch.tensor([len(p) for p in prompts], device=ids.device)
     cont_pos = lengths[:, None] + torch.arange(span, device=ids.device)[None, :]
     mask = torch.cat([pre_mask[which], inside.long()], dim=1)  # [m, P + C]
