@@ -91,10 +91,11 @@ def shared_prompt_logits(model, ids: torch.Tensor, am: torch.Tensor, rows: torch
     real = am != 0
     end = real.shape[1] - real.flip(1).long().argmax(1)  # [n] one past the last real column
     prompts = [tuple(ids[r, :c0[r]][real[r, :c0[r]]].tolist()) for r in used.tolist()]
-    distinct = sorted(set(prompts), key=prompts.index)
+    slot = {p: i for i, p in enumerate(dict.fromkeys(prompts))}  # distinct prompts in first-seen order
+    distinct = list(slot)
     if len(distinct) == len(prompts) or min(len(p) for p in distinct) == 0:
         return None
-    which = torch.tensor([distinct.index(p) for p in prompts], device=ids.device)  # used row -> prompt
+    which = torch.tensor([slot[p] for p in prompts], device=ids.device)  # used row -> prompt
     width = max(len(p) for p in distinct)
     pre_ids = torch.zeros(len(distinct), width, dtype=torch.long, device=ids.device)
     pre_mask = torch.zeros_like(pre_ids)

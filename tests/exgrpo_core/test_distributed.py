@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from exgrpo_core import distributed as D
+from spawn_helpers import run_two
 
 
 @pytest.mark.parametrize("n,world", [(0, 2), (1, 2), (5, 2), (7, 3), (8, 4), (3, 5)])
@@ -50,18 +49,9 @@ def _worker(rank: int, world: int, port: int, out):
 
 
 def test_collectives_in_two_processes():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, 2, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    res = sorted(q.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    items, codes = run_two(_worker, 2, timeout=120)
+    res = sorted(items)
+    assert codes == [0, 0]
     (r0, w0, plan0, mine0, gath0, g0, s0, m0), (r1, _, plan1, mine1, gath1, g1, s1, m1) = res
     assert w0 == 2 and plan0 == plan1 == {"uids": ["a", "b", "c"]}
     assert mine0 == ["a", "b"] and mine1 == ["c"]

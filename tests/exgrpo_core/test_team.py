@@ -10,12 +10,10 @@ a follower refuses an unknown operation.
 from __future__ import annotations
 
 import os
-import socket
 from functools import partial
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from exgrpo_core import fsdp, losses
 from exgrpo_core.batch import collate, micro_batch_rows
@@ -25,6 +23,7 @@ from exgrpo_core.rollout import TransformersEngine
 from exgrpo_core.session import adamw
 from exgrpo_core.team import Team, TeamError, Worker, serve
 from exgrpo_core.types import Rollout
+from spawn_helpers import run_two
 
 KW = dict(n_minibatches=2, micro_batch_size=3, micro_batch_tokens=24,
           onpolicy_term=partial(losses.clipped_ratio_term, clip_eps=0.2),
@@ -77,7 +76,7 @@ def _run(worker: Worker) -> dict:
             "gens_again": [[g.response_ids for g in group] for group in gens_b]}
 
 
-def _spawned(rank: int, port: int, sharded: bool, out):
+def _spawned(rank: int, sharded: bool, port: int, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
     from exgrpo_core.session import make_accelerator
@@ -100,18 +99,8 @@ def _spawned(rank: int, port: int, sharded: bool, out):
 
 @pytest.fixture(scope="module", params=["replicate", "fsdp2"])
 def two_process_result(request):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_spawned, args=(r, port, request.param == "fsdp2", q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(q.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-    return got
+    items, _ = run_two(_spawned, request.param == "fsdp2")
+    return dict(items)
 
 
 @pytest.fixture(scope="module")
@@ -225,17 +214,8 @@ def _spawned_push(rank: int, port: int, out):
 
 
 def test_every_process_pushes_to_its_engine_and_a_failed_check_stops_all():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_spawned_push, args=(r, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(q.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
+    items, _ = run_two(_spawned_push)
+    got = dict(items)
     own, shared, dropped = zip(got[0], got[1])
     assert own == (("ok", True, 1), ("ok", True, 1))  # each process pushed to its own engine
     assert shared == (("ok", True, 1), ("ok", True, 0))  # a shared engine (rollout server): rank 0 only
