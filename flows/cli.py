@@ -151,7 +151,11 @@ def cmd_rollout_server(args: argparse.Namespace) -> int:
                                        tensor_parallel_size=args.tensor_parallel_size,
                                        gpu_memory_utilization=args.gpu_memory_utilization,
                                        max_model_len=args.max_model_len)
-    server = RolloutServer(backend, tokenizer, model_name=args.model, host=args.host, port=args.port)
+    try:
+        server = RolloutServer(backend, tokenizer, model_name=args.model, host=args.host, port=args.port)
+    except OSError as e:  # e.g. the port is taken by another server
+        console.print(f"[red]error[/red]: cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+        return 2
     console.print(f"rollout server ({args.backend}, {args.model}) on {server.url}: train with "
                   f"--set rollout.engine=remote --set rollout.server_url={server.url}")
     try:

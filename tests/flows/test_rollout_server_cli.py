@@ -46,3 +46,18 @@ def test_rollout_server_command_serves_until_stopped(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_taken_port_is_one_clear_error(tmp_path, capsys):
+    from flows.cli import main
+
+    tok = build_tiny_tokenizer()
+    build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64, seed=1).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["rollout-server", "--model", str(tmp_path), "--port", str(port)])
+    assert code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().out
