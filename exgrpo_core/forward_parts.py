@@ -75,6 +75,20 @@ def can_share_prompts(model) -> bool:
     return not hasattr(inner, "set_requires_gradient_sync") and output_head(model) is not None
 
 
+def copied_prompt_cache(model, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+                        which: torch.Tensor):
+    """Run each distinct prompt (a row of `ids`) once, keeping no logits but the last position's, and
+    copy its key/value cache to the rows `which` maps onto it; None when the model keeps no cache
+    that can be copied. Shared by sampling (rollout.py) and scoring (`shared_prompt_logits`)."""
+    keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, **keep)
+    cache = getattr(out, "past_key_values", None)
+    if cache is None or not hasattr(cache, "batch_select_indices"):
+        return None
+    cache.batch_select_indices(which)
+    return cache
+
+
 def shared_prompt_logits(model, ids: torch.Tensor, am: torch.Tensor, rows: torch.Tensor,
                          cols: torch.Tensor) -> torch.Tensor | None:
     """[M, V] logits at the scored positions, column cols[i] of row rows[i] of `ids` [n, l] (it predicts
@@ -103,12 +117,9 @@ def shared_prompt_logits(model, ids: torch.Tensor, am: torch.Tensor, rows: torch
         pre_ids[j, width - len(p):] = torch.tensor(p, device=ids.device)
         pre_mask[j, width - len(p):] = 1
     pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
-    keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
-    out = model(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos, use_cache=True, **keep)
-    cache = getattr(out, "past_key_values", None)
-    if cache is None or not hasattr(cache, "batch_select_indices"):
+    cache = copied_prompt_cache(model, pre_ids, pre_mask, pre_pos, which)  # [m, ...]: a differentiable gather
+    if cache is None:
         return None
-    cache.batch_select_indices(which)  # [m, ...]: each used row's prompt (a differentiable gather)
     starts, ends = c0[used], end[used]
     span = int((ends - starts).max())
     grid = starts[:, None] + torch.arange(span, device=ids.device)[None, :]  # [m, C] source columns

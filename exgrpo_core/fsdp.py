@@ -3,13 +3,15 @@
 Each decoder layer and then the whole model become `fully_shard` units on a 1-D mesh of all
 processes (gloo on CPU, NCCL on GPU). With sharded parameters every forward pass is a collective, so
 callers make every process run the same number of passes (team.py pads shares, optimise.py pads
-micro-batches with zero-weight rows). Checkpoints gather the full weights and optimiser state on
-rank 0 (the weights stay an ordinary Hugging Face folder) and each process writes its own optimiser
-shard (torch.distributed.checkpoint); on resume every process loads the weights, re-shards them
-and reads its optimiser shard.
+micro-batches with zero-weight rows). Checkpoints gather the full weights on rank 0 (an ordinary
+Hugging Face folder) or, with run.checkpoint_weights=sharded, each process writes its weight shard;
+each process always writes its own optimiser shard (torch.distributed.checkpoint). On resume every
+process loads the weights, re-shards them and reads its optimiser shard.
 """
 
 from __future__ import annotations
+
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -25,11 +27,13 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return max(lists, key=len)
 
 
-def shard_model(model: nn.Module, device: torch.device, bf16: bool) -> nn.Module:
-    """Apply FSDP2 in place: one unit per decoder layer, then the root (embeddings, norm, head)."""
+def shard_model(model: nn.Module, device: torch.device, bf16: bool, cpu_offload: bool = False) -> nn.Module:
+    """Apply FSDP2 in place: one unit per decoder layer, then the root (embeddings, norm, head).
+    `cpu_offload`: the shards (and so their gradients and optimiser state) live in CPU memory and are
+    copied to `device` for each unit's forward and backward."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     if not dist.is_initialized():  # one process (e.g. one GPU): FSDP2 still needs a process group
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(),
@@ -37,11 +41,20 @@ def shard_model(model: nn.Module, device: torch.device, bf16: bool) -> nn.Module
     mesh = init_device_mesh(device.type, (D.topology().world,))
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
               else MixedPrecisionPolicy())
-    model.to(device)
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
+    if not cpu_offload:
+        model.to(device)
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload)
+    model.exgrpo_compute_device = device  # with offload the parameters' device is not where inputs go
     return model
+
+
+def compute_device(model: nn.Module) -> torch.device:
+    """Where the model's inputs go: its parameters' device, or the device FSDP2 copies offloaded shards to."""
+    device = getattr(model, "exgrpo_compute_device", None)
+    return device if device is not None else next(model.parameters()).device
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -55,6 +68,22 @@ def full_model_state(model: nn.Module) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each named parameter as one whole tensor, one at a time (FSDP2: all-gathered on every process,
+    so every process must walk the whole iterator; memory stays one tensor, not the model)."""
+    for name, p in model.named_parameters():
+        t = p.detach()
+        yield name, t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def save_model_shards(model: nn.Module, folder: str) -> None:
+    """Each process writes its own weight shard into `folder` (every process must call this)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    dcp.save(get_model_state_dict(model), checkpoint_id=folder)
 
 
 def save_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str) -> None:

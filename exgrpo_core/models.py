@@ -17,8 +17,10 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM,
                           PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast)
+
+from exgrpo_core.checkpoint import MODEL_SHARDS, has_weight_shards
 
 TINY = "tiny"
 SMOLLM2 = "smollm2-135m-instruct"
@@ -186,6 +188,8 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", tiny: dict | None 
     if name_or_path == TINY:
         tokenizer = build_tiny_tokenizer()
         model = build_tiny_model(tokenizer, **(tiny or {}), seed=seed)
+    elif has_weight_shards(os.path.expanduser(name_or_path)):
+        model, tokenizer = _from_weight_shards(os.path.expanduser(name_or_path))
     else:
         source = str(convert_smollm2()) if name_or_path == SMOLLM2 else name_or_path
         model, tokenizer = _from_pretrained(name_or_path, source)
@@ -195,6 +199,30 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", tiny: dict | None 
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def _from_weight_shards(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A checkpoint written with run.checkpoint_weights=sharded: the model built from its config,
+    every shard read into it (in this process alone, whatever process group is running)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from transformers import AutoConfig
+
+    try:
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
+        state = model.state_dict()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+            dcp.load(state, checkpoint_id=os.path.join(path, MODEL_SHARDS), no_dist=True)
+    except (OSError, ValueError, RuntimeError, CheckpointException) as err:
+        raise ModelLoadError(f"could not read the weight shards of checkpoint {path}: "
+                             f"{' '.join(str(err).split())[:500]}") from err
+    model.load_state_dict(state)
+    if os.path.exists(os.path.join(path, "generation_config.json")):
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    return model, AutoTokenizer.from_pretrained(path)
 
 
 def _from_pretrained(name: str, source: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from exgrpo_core import fsdp
 from exgrpo_core.forward_parts import (can_share_prompts, head_at, shared_prompt_logits,
                                         takes_logits_to_keep)
 
@@ -141,7 +142,7 @@ def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: t
     _check_inputs(input_ids, attention_mask, micro_batch_size, temperature, chunk_positions)
     if score_mask is not None and tuple(score_mask.shape) != tuple(input_ids.shape):
         raise PolicyInputError(f"score_mask must be [N, L] = {tuple(input_ids.shape)}, got {tuple(score_mask.shape)}")
-    device = next(model.parameters()).device
+    device = fsdp.compute_device(model)
     n = input_ids.shape[0]
     if n == 0:
         empty = torch.zeros(0, input_ids.shape[1], device=device)

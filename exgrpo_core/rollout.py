@@ -13,7 +13,8 @@ from typing import Protocol
 
 import torch
 
-from exgrpo_core.forward_parts import takes_logits_to_keep
+from exgrpo_core import fsdp
+from exgrpo_core.forward_parts import copied_prompt_cache
 from exgrpo_core.types import Generation
 
 
@@ -68,7 +69,7 @@ class TransformersEngine:
 
     def _generate_chunk(self, prompts: list[list[int]], temperature: float,
                         max_new_tokens: int) -> list[Generation]:
-        device = next(self.model.parameters()).device
+        device = fsdp.compute_device(self.model)
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -104,13 +105,7 @@ class TransformersEngine:
             return None
         u_ids, m = uniq[:, :w - 1], uniq[:, w:2 * w - 1]  # [u, w-1]: all but the last column
         position_ids = (m.long().cumsum(-1) - 1).masked_fill(m == 0, 1)  # as generate numbers the prompt
-        keep = {"logits_to_keep": 1} if takes_logits_to_keep(self.model) else {}  # no [u, w, V] logits
-        out = self.model(input_ids=u_ids, attention_mask=m, position_ids=position_ids, use_cache=True, **keep)
-        cache = getattr(out, "past_key_values", None)
-        if cache is None or not hasattr(cache, "batch_select_indices"):
-            return None
-        cache.batch_select_indices(rows)
-        return cache
+        return copied_prompt_cache(self.model, u_ids, m, position_ids, rows)
 
     def _record(self, seq: torch.Tensor, logp: torch.Tensor, ent: torch.Tensor,
                 max_new_tokens: int) -> Generation:
@@ -126,6 +121,21 @@ class TransformersEngine:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return Generation(response_ids=ids, logprobs=logp[:length].tolist(), text=text,
                           truncated=truncated, entropies=ent[:length].tolist())
+
+
+def weight_chunks(named, max_bytes: int, prepare=lambda t: t):
+    """Group a stream of (name, tensor) into lists of at most `max_bytes` (a larger tensor goes
+    alone), each tensor passed through `prepare` first (e.g. to the receiver's dtype)."""
+    chunk, size = [], 0
+    for name, p in named:
+        t = prepare(p.detach())
+        if chunk and size + t.numel() * t.element_size() > max_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, t))
+        size += t.numel() * t.element_size()
+    if chunk:
+        yield chunk
 
 
 def eos_token_ids(generation_eos, tokenizer) -> list[int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
@@ -165,6 +166,21 @@ def cmd_rollout_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from exgrpo_core.models import ModelLoadError, load_policy, save_policy
+
+    if not Path(args.checkpoint).expanduser().is_dir():
+        raise ModelLoadError(f"checkpoint {args.checkpoint}: no such directory")
+    out = Path(args.out).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ModelLoadError(f"--out {args.out} already exists and is not an empty folder; pick a new one "
+                             "(export never overwrites)")
+    model, tokenizer = load_policy(args.checkpoint, dtype=args.dtype)
+    save_policy(model, tokenizer, args.out)
+    console.print(f"exported {args.checkpoint} to {args.out} (a Hugging Face folder: transformers, vLLM)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="exgrpo", description="ExGRPO training platform")
     sub = p.add_subparsers(dest="command", required=True)
@@ -202,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
                     ".jsonl/.parquet path or hf:NAME (default: eval.suites, else data.eval_path)")
     ev.add_argument("--out", default="runs/eval-table", help="where the table of all targets is written")
     ev.set_defaults(fn=cmd_evaluate)
+    ex = sub.add_parser("export", help="write a checkpoint (also one with weight shards) as a Hugging Face folder")
+    ex.add_argument("--checkpoint", required=True, help="checkpoint folder, e.g. runs/NAME/checkpoints/step_000050")
+    ex.add_argument("--out", required=True, help="folder to write (model safetensors, config, tokenizer)")
+    ex.add_argument("--dtype", default="float32", help="weights' dtype in the export (float32, bfloat16, float16)")
+    ex.set_defaults(fn=cmd_export)
     rs = sub.add_parser("rollout-server", help="serve rollouts for rollout.engine=remote (a dedicated rollout node)")
     rs.add_argument("--model", required=True, help="model name or path: the same one the trainer starts from")
     rs.add_argument("--backend", choices=["transformers", "vllm"], default="transformers")

@@ -68,8 +68,8 @@ def test_shared_prompts_give_the_same_values_and_gradients(llama, left, temperat
     for a, b in zip(results[True], results[False]):
         assert_close(a, b, atol=2e-5, rtol=1e-5)
     assert (results[True][0][~resp] == 0).all()
-    for a, b in zip(grads[True], grads[False]):
-        assert_close(a, b, atol=2e-5, rtol=1e-4)
+    for a, b in zip(grads[True], grads[False]):  # float32 rounding scales with the gradient (up to ~350 here)
+        assert_close(a, b, atol=1e-6 * float(b.abs().max()), rtol=1e-4)
 
 
 def test_distinct_prompts_take_the_plain_path(llama):
