@@ -38,6 +38,10 @@ class RunConfig(_Section):
     """Save a resumable checkpoint every N steps (0: only at the end)."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """How many recent checkpoints to keep on disk."""
+    checkpoint_weights: Literal["full", "sharded"] = "full"
+    """full: the weights as one Hugging Face folder (FSDP2 gathers them on rank 0); sharded (FSDP2
+    only): every process writes its own shard (torch.distributed.checkpoint). `load_policy` and
+    `exgrpo evaluate` read both; `exgrpo export` turns a sharded checkpoint into a plain folder."""
 
 
 class TinyModelConfig(_Section):
@@ -89,6 +93,12 @@ class RolloutConfig(_Section):
     """(remote) The rollout server's address, e.g. http://rollout-node:8009."""
     server_timeout_s: float = Field(default=600.0, gt=0)
     """(remote) Seconds one request may take (a batch of long generations)."""
+    server_weight_transport: Literal["http", "gloo", "nccl"] = "http"
+    """(remote) How pushed weights travel: HTTP bodies (safetensors), or broadcast in a two-member
+    process group with the server: gloo (CPU) or nccl (GPU to GPU, no copy through host memory)."""
+    server_group_host: str | None = None
+    """(remote, gloo / nccl) The address the server connects back to (default: this machine's
+    address on the route to the server)."""
     group_size: int = Field(default=8, ge=2)
     """K responses per question (paper: 8)."""
     temperature: float = Field(default=1.0, gt=0)
@@ -111,6 +121,9 @@ class RolloutConfig(_Section):
     """(vllm) GPUs one engine spans (paper recipe: 2)."""
     vllm_enforce_eager: bool = False
     """(vllm) Skip CUDA graph capture (slower decoding, faster start, less memory)."""
+    vllm_sleep: bool = False
+    """(vllm) Put the engine to sleep after sampling (vLLM sleep level 1: KV cache freed, weights moved
+    to CPU memory) so scoring and training get its GPU memory; it wakes for the weight push."""
 
 
 class RewardConfig(_Section):
@@ -196,6 +209,10 @@ class TrainConfig(_Section):
     sharding: Literal["replicate", "fsdp2"] = "replicate"
     """replicate: every process holds the whole model, gradients summed once per optimiser step (DDP);
     fsdp2: parameters, gradients and AdamW state sharded over the processes (torch FSDP2)."""
+    cpu_offload: bool = False
+    """(fsdp2) Keep the parameter shards, their gradients and the AdamW state in CPU memory: FSDP2
+    copies each layer to the GPU for its forward and backward, and the optimiser step runs on the CPU
+    (slower steps; 16 bytes per parameter, divided by the processes, leave each GPU)."""
     dist_timeout_s: int = Field(default=3600, ge=1)
     """With several processes: how long a collective waits (followers wait while rank 0 evaluates)."""
     lr: float = Field(default=1e-6, gt=0)
@@ -286,6 +303,11 @@ class ExGRPOConfig(_Section):
         if (self.eval.every > 0 or self.eval.final) and not (self.eval.suites or self.data.eval_path):
             raise ValueError("eval.every > 0 or eval.final needs something to evaluate on: set eval.suites "
                              "(e.g. [paper-valid]) or data.eval_path")
+        if self.train.cpu_offload and self.train.sharding != "fsdp2":
+            raise ValueError("train.cpu_offload needs train.sharding=fsdp2 (FSDP2 does the offloading)")
+        if self.run.checkpoint_weights == "sharded" and self.train.sharding != "fsdp2":
+            raise ValueError("run.checkpoint_weights=sharded needs train.sharding=fsdp2 (replicated weights "
+                             "have no shards to write)")
         if self.rollout.engine == "remote" and not self.rollout.server_url:
             raise ValueError("rollout.engine=remote needs rollout.server_url (the `exgrpo rollout-server` address)")
         return self

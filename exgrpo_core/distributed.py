@@ -8,6 +8,7 @@ With one process (or no process group) every helper is a no-op, so single-proces
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence, TypeVar
 
@@ -98,9 +99,20 @@ def all_keys(keys: Sequence[str]) -> list[str]:
     return sorted({k for p in parts for k in p})
 
 
-def shutdown() -> None:
-    """Leave the process group together (barrier, then destroy): a process that exits with the group
-    still alive can abort in gloo's teardown ("terminate called without an active exception")."""
+def barrier() -> None:
+    """Wait for every process (a no-op with one)."""
     if topology().world > 1:
         dist.barrier()
+
+
+def shutdown() -> None:
+    """Leave the process group together (barrier, then destroy): a process that exits with the group
+    still alive can abort in gloo's teardown ("terminate called without an active exception").
+
+    The pause after the barrier lets gloo's worker threads free the finished operations, which needs
+    the GIL: if the group is freed first (e.g. with a DDP model), its destructor holds the GIL while it
+    joins those threads, and the process hangs for good (torch issue 56297)."""
+    if topology().world > 1:
+        dist.barrier()
+        time.sleep(0.2)
         dist.destroy_process_group()

@@ -9,6 +9,9 @@ transformers engine (CPU or GPU; what the tests run). The trainer's `RemoteEngin
     POST /weights     a safetensors body: named tensors loaded in place (sent in chunks); -> {loaded, version}
     POST /checksums   JSON {names} -> {name: float64 sum}     (engine_sync checks them after a push)
     POST /probe       JSON {token_ids} -> {logprobs}         (the log-prob probe of engine_sync)
+    POST /group       JSON {host, port, backend} -> join the trainer's two-member weight group
+    POST /weights_stream  JSON {seq, tensors: [[name, shape, dtype]...]} -> the tensors arrive by
+                      broadcast in the weight group (weight_group.py); -> {loaded, version}
 
 One request runs at a time (the engine is not thread-safe); a bad request gets a 400 with the
 problem named, an engine failure a 500; neither stops the server.
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 from safetensors.torch import load as load_safetensors
 
+from exgrpo_core import weight_group
 from exgrpo_core.rollout import TransformersEngine, sample_counts
 
 
@@ -50,18 +54,17 @@ class TransformersBackend:
 
     @torch.no_grad()
     def load(self, tensors: dict[str, torch.Tensor]) -> int:
-        unknown = [n for n in tensors if n not in self.params]
-        if unknown:
-            raise RequestError(f"unknown parameter names {unknown[:3]} (the server's model has {len(self.params)})")
-        for n, t in tensors.items():
-            if tuple(t.shape) != tuple(self.params[n].shape):
-                raise RequestError(f"{n}: shape {tuple(t.shape)}, the server's is {tuple(self.params[n].shape)}")
+        check_shapes(self, ((n, t.shape) for n, t in tensors.items()))
         for n, t in tensors.items():
             self.params[n].copy_(t)
         return len(tensors)
 
     def checksums(self, names: list[str]) -> dict[str, float]:
         return {n: float(self.params[n].double().sum()) for n in names if n in self.params}
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The named parameter's shape, None if the model has no such parameter."""
+        return tuple(self.params[name].shape) if name in self.params else None
 
     def probe(self, token_ids: list[int]) -> list[float]:
         from exgrpo_core.engine_sync import trainer_probe
@@ -74,13 +77,19 @@ class VLLMBackend:
 
     backend = "vllm"
 
-    def __init__(self, engine, dtype: torch.dtype):
-        self.engine, self.dtype = engine, dtype
+    def __init__(self, engine, dtype: torch.dtype, shapes: dict[str, tuple[int, ...]]):
+        self.engine, self.dtype, self.shapes = engine, dtype, shapes  # shapes: the Hugging Face model's
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        return self.shapes.get(name)
 
     def generate(self, prompts, counts, *, temperature, max_new_tokens, seed):
+        if seed is not None:  # the engine draws each request's seed from torch's RNG
+            torch.manual_seed(seed)
         return self.engine.generate(prompts, counts, temperature=temperature, max_new_tokens=max_new_tokens)
 
     def load(self, tensors: dict[str, torch.Tensor]) -> int:
+        check_shapes(self, ((n, t.shape) for n, t in tensors.items()))
         return self.engine.push_weights(tensors.items())
 
     def checksums(self, names):
@@ -88,6 +97,16 @@ class VLLMBackend:
 
     def probe(self, token_ids):
         return self.engine.probe(token_ids)
+
+
+def check_shapes(backend, named_shapes) -> None:
+    """Refuse (RequestError) a tensor the backend's model does not have, or has in another shape."""
+    for name, shape in named_shapes:
+        ours = backend.shape(name)
+        if ours is None:
+            raise RequestError(f"unknown parameter name {name!r}")
+        if tuple(shape) != ours:
+            raise RequestError(f"{name}: shape {tuple(shape)}, the server's is {ours}")
 
 
 def _generation_json(g) -> dict:
@@ -104,6 +123,7 @@ class RolloutServer:
         self.lock = threading.Lock()
         self.httpd = ThreadingHTTPServer((host, port), _handler(self))
         self.thread: threading.Thread | None = None
+        self.pair = None  # the weight group (weight_group.Pair) once a trainer asked for one
 
     @property
     def url(self) -> str:
@@ -143,11 +163,36 @@ class RolloutServer:
                                              max_new_tokens=int(req["max_new_tokens"]), seed=req.get("seed"))
                 return {"generations": [[_generation_json(g) for g in group] for group in gens],
                         "version": self.version}
+            if path == "/group":
+                self.pair = weight_group.open_pair(str(req["host"]), int(req["port"]), 1, str(req["backend"]),
+                                                   float(req.get("timeout_s", 600)))
+                return {"joined": True, "version": self.version}
+            if path == "/weights_stream":
+                return self._receive(int(req["seq"]), req["tensors"])
             if path == "/checksums":
                 return self.backend.checksums(list(req.get("names", [])))
             if path == "/probe":
                 return {"logprobs": self.backend.probe([int(t) for t in req["token_ids"]])}
         raise RequestError(f"no such endpoint: POST {path}")
+
+    def _receive(self, seq: int, specs: list) -> dict:
+        """Check a chunk's names, shapes and dtypes, tell the trainer (store key), take the broadcasts."""
+        if self.pair is None:
+            raise RequestError("no weight group: the trainer must POST /group first")
+        key = f"chunk/{seq}"
+        try:
+            check_shapes(self.backend, ((name, shape) for name, shape, _ in specs))
+            buffers = {name: torch.empty(tuple(shape), dtype=getattr(torch, dtype), device=self.pair.device)
+                       for name, shape, dtype in specs}
+        except (RequestError, ValueError, TypeError, AttributeError) as e:
+            self.pair.store.set(key, f"refused: {e}")
+            raise RequestError(str(e)) from e
+        self.pair.store.set(key, "ok")
+        for t in buffers.values():
+            weight_group.broadcast(self.pair, t)
+        loaded = self.backend.load(buffers)
+        self.version += 1
+        return {"loaded": loaded, "version": self.version}
 
     def start(self) -> "RolloutServer":
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -219,4 +264,5 @@ def build_backend(model: str, backend: str, *, dtype: str = "float32", batch_siz
         tokenizer.save_pretrained(path)
     engine = VLLMEngine(path, tokenizer, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
                         gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
-    return VLLMBackend(engine, getattr(torch, dtype)), tokenizer
+    shapes = {n: tuple(p.shape) for n, p in policy.named_parameters()}
+    return VLLMBackend(engine, getattr(torch, dtype), shapes), tokenizer

@@ -21,6 +21,7 @@ import torch
 
 from exgrpo_core import checkpoint, data, distributed as D, fsdp, models
 from exgrpo_core.config import ExGRPOConfig
+from exgrpo_core.config_io import ConfigError
 from exgrpo_core.rewards import MathVerifier
 from exgrpo_core.rollout import TransformersEngine
 from exgrpo_core.sampler import FreshSampler
@@ -71,11 +72,14 @@ class Session:
                 "rng": self.rng.getstate(), "mlflow_run_id": self.mlflow_run_id}
 
     def save(self) -> Path:
-        """Checkpoint the completed step `self.step - 1` (FSDP2: weights gathered, optimiser per process)."""
+        """Checkpoint the completed step `self.step - 1` (FSDP2: weights gathered or per process as
+        run.checkpoint_weights says, optimiser per process)."""
+        shards = self.cfg.run.checkpoint_weights == "sharded"
         return checkpoint.save_checkpoint(
             self.run_dir, self.step - 1, self.accelerator.unwrap_model(self.model), self.tokenizer,
             self.optimizer, self.loop_state(), keep=self.cfg.run.keep_checkpoints,
-            model_state=self.team.model_state(), optimizer_shards=self.team.optimizer_writer())
+            model_state=None if shards else self.team.model_state(), optimizer_shards=self.team.optimizer_writer(),
+            model_shards=self.team.model_writer() if shards else None)
 
     def close(self) -> None:
         for fn in reversed(self._closers):
@@ -151,7 +155,7 @@ def make_accelerator(cfg: ExGRPOConfig):
                                        InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.train.dist_timeout_s))])
     kind = str(getattr(acc.distributed_type, "value", acc.distributed_type))
     if kind not in SUPPORTED_DISTRIBUTED:
-        raise ValueError(f"accelerate distributed_type {kind} is not supported yet: use MULTI_GPU (DDP) or "
+        raise ConfigError(f"accelerate distributed_type {kind} is not supported yet: use MULTI_GPU (DDP) or "
                          f"MULTI_CPU, e.g. configs/accelerate/ddp-8gpu.yaml (docs/scaling.md)")
     return acc
 
@@ -161,9 +165,10 @@ SUPPORTED_DISTRIBUTED = ("NO", "MULTI_CPU", "MULTI_GPU")
 
 def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path) -> tuple[Worker, object]:
     """Model (from the checkpoint when resuming), optimiser, reference model and rollout engine."""
-    if D.topology().world > 1 and cfg.rollout.engine == "vllm":
-        raise ValueError(f"rollout.engine=vllm with {D.topology().world} training processes is not supported yet: "
-                         "use rollout.engine=remote (a rollout server), transformers, or one process (docs/scaling.md)")
+    world, tp = D.topology().world, cfg.rollout.vllm_tensor_parallel_size
+    if cfg.rollout.engine == "vllm" and world > 1 and world % tp:
+        raise ConfigError(f"rollout.vllm_tensor_parallel_size={tp} must divide the {world} training processes: "
+                         "each group of that many processes shares one colocated vLLM engine")
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     source = str(ckpt) if ckpt else cfg.model.name_or_path
@@ -176,24 +181,25 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
         ref_model, _ = models.load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype,
                                           tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed)
         ref_model.eval().requires_grad_(False)
+    if cfg.rollout.engine == "vllm":  # vLLM loads the starting weights from a folder: write it before sharding
+        source = _vllm_base(model, tokenizer, source, run_dir)
     sharded = cfg.train.sharding == "fsdp2"
     if sharded:  # FSDP2 before the optimiser, which must see the sharded parameters; no DDP wrapper
-        if cfg.rollout.engine == "vllm":
-            raise ValueError("train.sharding=fsdp2 with rollout.engine=vllm is not supported yet: use "
-                             "rollout.engine=remote (a rollout server) or transformers (docs/scaling.md)")
-        model = fsdp.shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16")
+        model = fsdp.shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16",
+                                 cpu_offload=cfg.train.cpu_offload)
     optimizer = adamw(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     if not sharded:
         model, optimizer = accelerator.prepare(model, optimizer)
     if ref_model is not None:
         ref_model.to(accelerator.device)
-    engine = _make_engine(cfg, accelerator.unwrap_model(model), tokenizer, source, run_dir)
-    engine.synced = sharded
+    engine = _make_engine(cfg, accelerator.unwrap_model(model), tokenizer, source)
+    if isinstance(engine, TransformersEngine):  # it runs the trainer's module: with FSDP2 a collective
+        engine.synced = sharded
     worker = Worker(model=model, optimizer=optimizer, accelerator=accelerator, engine=engine, ref_model=ref_model,
                     scoring_micro_batch=2 * cfg.train.micro_batch_size, temperature=cfg.rollout.temperature,
                     sharded=sharded, share_prompts=cfg.train.share_prompt_forward)
-    if cfg.rollout.engine == "remote":  # the server may hold other weights (another run, an older checkpoint)
-        worker.push_weights((None, None))  # every process: FSDP2 gathers the whole tensors first
+    if cfg.rollout.engine != "transformers":  # an engine with its own weights (a server that served another
+        worker.push_weights((None, None))   # run, a vLLM base) starts from the trainer's; FSDP2 gathers as it goes
     return worker, tokenizer
 
 
@@ -205,7 +211,7 @@ def adamw(params, *, lr: float, weight_decay: float, eps: float = 1e-8) -> torch
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps, fused=fused or None)
 
 
-def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str, run_dir: Path):
+def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str):
     """The transformers engine shares the trainer's module; vLLM loads its own copy of the weights; a
     remote engine is a rollout server, which gets the trainer's weights at once."""
     if cfg.rollout.engine == "transformers":
@@ -215,21 +221,31 @@ def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str, run_dir: Path
         from exgrpo_core.rollout_remote import RemoteEngine
 
         engine = RemoteEngine(cfg.rollout.server_url, tokenizer, top_p=cfg.rollout.top_p,
-                              timeout_s=cfg.rollout.server_timeout_s)
+                              timeout_s=cfg.rollout.server_timeout_s, transport=cfg.rollout.server_weight_transport,
+                              group_host=cfg.rollout.server_group_host)
         return engine  # open_worker pushes the trainer's weights (gathered first with FSDP2)
     from exgrpo_core.rollout_vllm import VLLMEngine
 
-    path = source
-    if not Path(source).is_dir():  # built locally (tiny, GGUF) or a hub name: give vLLM a plain HF folder
-        path = str(run_dir / "vllm_base")
-        if not Path(path, "config.json").exists():
-            model.save_pretrained(path)
-            tokenizer.save_pretrained(path)
-    return VLLMEngine(path, tokenizer, top_p=cfg.rollout.top_p, dtype=cfg.model.dtype, seed=cfg.run.seed,
-                      gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
-                      tensor_parallel_size=cfg.rollout.vllm_tensor_parallel_size,
+    topo, tp = D.topology(), cfg.rollout.vllm_tensor_parallel_size
+    return VLLMEngine(source, tokenizer, top_p=cfg.rollout.top_p, dtype=cfg.model.dtype,
+                      seed=cfg.run.seed + topo.rank // tp, distributed=topo.world > 1,
+                      gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization, tensor_parallel_size=tp,
                       max_model_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens,
-                      enforce_eager=cfg.rollout.vllm_enforce_eager)
+                      enforce_eager=cfg.rollout.vllm_enforce_eager, sleep=cfg.rollout.vllm_sleep)
+
+
+def _vllm_base(model, tokenizer, source: str, run_dir: Path) -> str:
+    """A plain Hugging Face folder vLLM can load: `source` itself when it is one (a checkpoint, a local
+    model), else `<run_dir>/vllm_base` written once by rank 0 (a tiny or GGUF model, a hub name, a
+    checkpoint with weight shards); the session pushes the trainer's weights when it opens anyway."""
+    if Path(source).is_dir() and not checkpoint.has_weight_shards(source):
+        return source
+    path = run_dir / "vllm_base"
+    if D.topology().is_main and not (path / "config.json").exists():
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    D.barrier()
+    return str(path)
 
 
 def _restore(session: Session, state: dict, ckpt: Path) -> None:

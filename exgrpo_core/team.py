@@ -5,8 +5,9 @@ of one operation. `Team` is rank 0's handle: with one process it calls the worke
 several it first broadcasts the operation and its inputs, every process computes its shard, and the
 results are gathered on rank 0 in order. Followers sit in `serve` until rank 0 sends `stop`.
 
-  generate  prompts split in contiguous shards; each rank samples with seed + rank (seed drawn from
-            rank 0's torch RNG, so a resumed run samples what an uninterrupted one would)
+  generate  prompts split in contiguous shards, one per rollout engine (a vLLM tensor-parallel group
+            of ranks shares one: same share, same seed); each samples with seed + shard index (seed
+            drawn from rank 0's torch RNG, so a resumed run samples what an uninterrupted one would)
   score     rollouts split in contiguous shards (trainer log-probs and H(o), no gradient)
   optimise  every rank gets the whole batch, takes a share of each mini-batch's rows, gradients are
             summed over processes before each optimiser step (optimise.py), stats reduced
@@ -47,29 +48,40 @@ class Worker:
     def topo(self) -> D.Topology:
         return D.topology()
 
-    def _share(self, items: list) -> tuple[list, int]:
-        """This process's contiguous share and its real length; with FSDP2 padded (with copies) to
-        the largest share, so every process runs the same number of forward passes."""
-        mine = D.shard(items, self.topo.rank, self.topo.world)
+    def _share(self, items: list, index: int | None = None, shards: int | None = None,
+               pad: bool | None = None) -> tuple[list, int]:
+        """Share `index` of `shards` contiguous shares (default: this rank's of world) and its real
+        length; padded (with copies) to the largest share when `pad` (default: FSDP2), so every
+        process runs the same number of forward passes."""
+        index = self.topo.rank if index is None else index
+        shards = self.topo.world if shards is None else shards
+        mine = D.shard(items, index, shards)
         real = len(mine)
-        if self.sharded and items:
-            mine += [(mine or items)[0]] * (-(-len(items) // self.topo.world) - real)
+        if (self.sharded if pad is None else pad) and items:
+            mine += [(mine or items)[0]] * (-(-len(items) // shards) - real)
         return mine, real
 
     def generate(self, args) -> list[list[Generation]]:
+        """This process's share of the prompts, sampled. Processes that share one engine (a vLLM
+        tensor-parallel group of `engine.group_size` ranks) get the same share and seed, and the
+        group's first rank alone returns the samples."""
         prompts, n, kwargs, seed, settings = args
-        mine_counted, real = self._share(list(zip(prompts, sample_counts(prompts, n))))
+        group = getattr(self.engine, "group_size", 1)
+        index = self.topo.rank // group
+        mine_counted, real = self._share(list(zip(prompts, sample_counts(prompts, n))), index,
+                                         self.topo.world // group, pad=getattr(self.engine, "synced", False))
         mine, counts = [p for p, _ in mine_counted], [c for _, c in mine_counted]
         if seed is not None:
-            torch.manual_seed(seed + self.topo.rank)
+            torch.manual_seed(seed + index)
         saved = {k: getattr(self.engine, k) for k in settings}
         try:
             for k, v in settings.items():  # e.g. evaluation's top_p and batch size
                 setattr(self.engine, k, v)
-            return self.engine.generate(mine, counts, **kwargs)[:real] if mine else []
+            out = self.engine.generate(mine, counts, **kwargs)[:real] if mine else []
         finally:
             for k, v in saved.items():
                 setattr(self.engine, k, v)
+        return out if self.topo.rank % group == 0 else []
 
     @torch.no_grad()
     def score(self, args) -> list[tuple[list[float], float]]:
@@ -109,26 +121,27 @@ class Worker:
 
     def push_weights(self, args) -> dict[str, float]:
         """Push this process's weights to its rollout engine and check them (engine_sync); an engine that
-        all processes share (a rollout server) gets them from rank 0 only. A failed check on any
+        all processes share (a rollout server) gets them from rank 0 only. With FSDP2 the whole
+        tensors are gathered one at a time on every process as they are pushed. A failed check on any
         process stops all of them."""
         probe_ids, dtype = args  # probe_ids None: push only (when the session opens)
         model = self.accelerator.unwrap_model(self.model)
-        named = trainer_logps = None
-        if self.sharded:  # FSDP2: gather whole tensors (every process), push them from rank 0
-            full = fsdp.full_model_state(model)
-            named = [(n, full[n]) for n, _ in model.named_parameters()] if self.topo.is_main else []
-            if probe_ids is not None:
-                trainer_logps = engine_sync.trainer_probe(model, probe_ids)  # a forward: every process
-        pushes = self.topo.is_main or not (self.sharded or getattr(self.engine, "shared_by_processes", False))
+        named = fsdp.full_parameters(model) if self.sharded else model.named_parameters()
+        trainer_logps = None
+        if self.sharded and probe_ids is not None:  # a forward: a collective, so before any push
+            trainer_logps = engine_sync.trainer_probe(model, probe_ids)
+        pushes = self.topo.is_main or not getattr(self.engine, "shared_by_processes", False)
         stats, error = {}, ""
         if pushes and probe_ids is None:
-            self.engine.push_weights(named if named is not None else model.named_parameters())
+            self.engine.push_weights(named)
         elif pushes:
             try:
                 stats = engine_sync.push_and_check(self.engine, model, probe_ids, dtype, named=named,
                                                    trainer_logps=trainer_logps)
             except engine_sync.EngineSyncError as e:
                 error = str(e)
+        for _ in named:  # FSDP2: the gathers are collectives; every process walks every tensor
+            pass
         if probe_ids is None:
             return stats
         if self.topo.world > 1:
@@ -143,6 +156,9 @@ class Worker:
         """FSDP2: the full model state dict, on rank 0 (None elsewhere)."""
         state = fsdp.full_model_state(self.model)
         return state if self.topo.is_main else None
+
+    def save_model(self, folder: str) -> None:
+        fsdp.save_model_shards(self.model, folder)
 
     def save_optimizer(self, folder: str) -> None:
         fsdp.save_optimizer_shards(self.model, self.optimizer, folder)
@@ -159,7 +175,8 @@ class Worker:
 
 
 PARAM_GAP = M.DIST_PARAM_GAP
-_OPS = ("generate", "score", "optimise", "push_weights", "model_state", "save_optimizer", "load_optimizer")
+_OPS = ("generate", "score", "optimise", "push_weights", "model_state", "save_model", "save_optimizer",
+        "load_optimizer")
 _GATHERED = ("generate", "score")
 
 
@@ -218,6 +235,10 @@ class Team:
     def model_state(self) -> dict | None:
         """The full model state gathered from every process (FSDP2), else None (the model holds it)."""
         return self._run("model_state", None) if self.worker.sharded else None
+
+    def model_writer(self):
+        """FSDP2: a function writing every process's weight shard into a folder, else None."""
+        return (lambda folder: self._run("save_model", str(folder))) if self.worker.sharded else None
 
     def optimizer_writer(self):
         """FSDP2: a function writing every process's optimiser shard into a folder, else None."""

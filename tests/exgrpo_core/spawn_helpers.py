@@ -1,16 +1,19 @@
-"""Two spawned processes on a free local port (gloo tests): `run_two(target, *args)`."""
+"""Two spawned processes on a free local port (gloo tests): `run_two(target, *args)`, and
+`as_rank(rank, port, out, fn, *args)` for a target's body."""
 
 from __future__ import annotations
 
-import socket
+import os
+import tempfile
+import time
+import traceback
+from pathlib import Path
 
 import torch.multiprocessing as mp
 
+from exgrpo_core.weight_group import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_DONE_DIR = "EXGRPO_TEST_DONE_DIR"
 
 
 def run_two(target, *args, timeout: float = 300) -> tuple[list, list[int | None]]:
@@ -19,10 +22,38 @@ def run_two(target, *args, timeout: float = 300) -> tuple[list, list[int | None]
     port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(r, *args, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    items = [q.get(timeout=timeout) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
+    with tempfile.TemporaryDirectory() as done:
+        os.environ[_DONE_DIR] = done  # the children inherit it
+        procs = [ctx.Process(target=target, args=(r, *args, port, q)) for r in range(2)]
+        for p in procs:
+            p.start()
+        try:
+            items = [q.get(timeout=timeout) for _ in procs]
+            for p in procs:
+                p.join(timeout=60)
+        finally:  # a hung process fails the test instead of keeping pytest from exiting
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
     return items, [p.exitcode for p in procs]
+
+
+def as_rank(rank: int, port: int, out, fn, *args) -> None:
+    """Run fn(rank, *args) as rank `rank` of 2 (gloo env on `port`) and put (rank, its result or
+    {"error": traceback}) on `out`. Rank 0 hosts the process group's store, so it stays up until
+    rank 1 is through: a process group torn down after its store is gone can hang."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    try:
+        result = fn(rank, *args)
+    except BaseException:
+        result = {"error": traceback.format_exc()}
+    done = Path(os.environ[_DONE_DIR]) / "rank1"
+    if rank:
+        done.touch()
+    else:
+        deadline = time.monotonic() + 120
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    out.put((rank, result))

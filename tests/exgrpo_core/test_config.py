@@ -24,6 +24,9 @@ def test_paper_preset_matches_spec_recipe():
     assert cfg.buffer.replay_ratio == 0.5 and cfg.loss.shaping_beta == 0.1
     assert cfg.buffer.start_threshold == 0.35 and cfg.loss.entropy_coef == 0.001
     assert cfg.loss.kl_coef == 0.0 and cfg.eval.temperature == 0.6
+    assert cfg.train.sharding == "fsdp2" and cfg.rollout.engine == "vllm"  # the memory plan's layout
+    assert cfg.run.checkpoint_weights == "sharded"
+    assert (cfg.rollout.vllm_tensor_parallel_size, cfg.rollout.vllm_gpu_memory_utilization) == (2, 0.35)
 
 
 def test_defaults_follow_spec():
@@ -78,3 +81,9 @@ def test_every_field_is_documented():
 def test_flatten_gives_dotted_params():
     flat = flatten(load_config("tiny"))
     assert flat["rollout.group_size"] == 8 and "loss.shaping_beta" in flat
+
+
+def test_fsdp2_only_options_are_refused_without_fsdp2():
+    with pytest.raises(ConfigError, match="train.cpu_offload needs train.sharding=fsdp2"):
+        load_config("tiny", ["train.cpu_offload=true"])
+    assert load_config("tiny", ["train.cpu_offload=true", "train.sharding=fsdp2"]).train.cpu_offload

@@ -73,9 +73,10 @@ def test_generations_carry_the_servers_logprobs_for_per_prompt_counts(server, tr
     assert [[g.response_ids for g in grp] for grp in again] == [[g.response_ids for g in grp] for grp in out]
 
 
-def test_weight_push_makes_the_server_the_trainer_and_the_checks_prove_it(server, trainer_model):
+@pytest.mark.parametrize("transport", ["http", "gloo"])
+def test_weight_push_makes_the_server_the_trainer_and_the_checks_prove_it(server, trainer_model, transport):
     model, tok = trainer_model
-    eng = RemoteEngine(server.url, tok, chunk_bytes=20_000)  # several chunks
+    eng = RemoteEngine(server.url, tok, chunk_bytes=20_000, transport=transport)  # several chunks
     names = engine_sync.norm_names(model)
     mine = engine_sync.trainer_checksums(model, names, torch.float32)
     with torch.no_grad():
@@ -99,13 +100,25 @@ def test_bad_requests_and_a_missing_server_get_named_errors(server, trainer_mode
     assert code == 400 and "safetensors" in body["error"]
     code, body = _post(server.url + "/nope", b"{}")
     assert code == 404
-    eng = RemoteEngine(server.url, tok)
-    with pytest.raises(RemoteEngineError, match="unknown parameter names"):
-        eng.push_weights([("not.a.param", torch.zeros(2))])
-    with pytest.raises(RemoteEngineError, match="shape"):
-        eng.push_weights([("model.norm.weight", torch.zeros(3))])
+    fresh = RolloutServer(server.backend, server.tokenizer, model_name="fresh", port=0).start()
+    try:  # no trainer has asked it for a weight group yet
+        code, body = _post(fresh.url + "/weights_stream", json.dumps({"seq": 1, "tensors": []}).encode())
+        assert code == 400 and "POST /group first" in body["error"]
+    finally:
+        fresh.stop()
+    for transport in ("http", "gloo"):  # refused before anything is broadcast: no process waits
+        eng = RemoteEngine(server.url, tok, transport=transport)
+        with pytest.raises(RemoteEngineError, match="unknown parameter name"):
+            eng.push_weights([("not.a.param", torch.zeros(2))])
+        with pytest.raises(RemoteEngineError, match="shape"):
+            eng.push_weights([("model.norm.weight", torch.zeros(3))])
+        assert eng.push_weights([("model.norm.weight", torch.ones(SHAPE["hidden_size"]))]) == 1
+        assert torch.equal(server.backend.model.model.norm.weight, torch.ones(SHAPE["hidden_size"]))
     with pytest.raises(RemoteEngineError, match="not reachable"):
         RemoteEngine("http://127.0.0.1:9", tok, timeout_s=5)
+    unreachable = RemoteEngine(server.url, tok, transport="gloo", group_host="192.0.2.1", timeout_s=3)  # TEST-NET
+    with pytest.raises(RemoteEngineError, match="server_group_host"):
+        unreachable.push_weights([("model.norm.weight", torch.ones(SHAPE["hidden_size"]))])
     assert server.thread.is_alive()  # none of it stopped the server
 
 
@@ -114,12 +127,13 @@ def test_config_needs_the_server_url():
         load_config("tiny", ["rollout.engine=remote"])
 
 
-def test_training_steps_sample_on_the_server_and_push_after_each(server, tmp_path):
+@pytest.mark.parametrize("transport", ["http", "gloo"])
+def test_training_steps_sample_on_the_server_and_push_after_each(server, tmp_path, transport):
     with torch.no_grad():
         server.backend.model.model.norm.weight.add_(1.0)  # another run's weights
     cfg = load_config("tiny", [f"run.output_dir={tmp_path}", f"run.db_url=sqlite:///{tmp_path / 'x.db'}",
                                "rollout.engine=remote", f"rollout.server_url={server.url}", "run.resume=never",
-                               "rollout.max_response_tokens=2"])
+                               "rollout.max_response_tokens=2", f"rollout.server_weight_transport={transport}"])
     torch.manual_seed(0)
     s = open_session(cfg)
     try:

@@ -1,5 +1,5 @@
 """The team of training processes: two gloo processes give the one-process results, with the
-weights replicated (DDP-style) and sharded (FSDP2).
+weights replicated (DDP-style), sharded (FSDP2), and sharded with the shards in CPU memory (offload).
 
 One optimiser call over two mini-batches (AdamW, uneven shares, token-budget micro-batches, a
 replayed row) leaves the same weights and stats as in one process; scoring gives the same log-probs
@@ -42,11 +42,12 @@ def _rows() -> list[Rollout]:
     return rows
 
 
-def _worker(accelerator, sharded: bool = False) -> Worker:
+def _worker(accelerator, mode: str = "replicate") -> Worker:
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
-    if sharded:
-        model = fsdp.shard_model(model, accelerator.device, bf16=False)
+    sharded = mode != "replicate"
+    if sharded:  # fsdp2 or fsdp2-offload
+        model = fsdp.shard_model(model, accelerator.device, bf16=False, cpu_offload=mode == "fsdp2-offload")
     opt = adamw(model.parameters(), lr=0.01, weight_decay=0.01, eps=1e-4)  # eps: no rounding blow-up on tiny grads
     if not sharded:
         model, opt = accelerator.prepare(model, opt)
@@ -76,13 +77,13 @@ def _run(worker: Worker) -> dict:
             "gens_again": [[g.response_ids for g in group] for group in gens_b]}
 
 
-def _spawned(rank: int, sharded: bool, port: int, out):
+def _spawned(rank: int, mode: str, port: int, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
     from exgrpo_core.session import make_accelerator
 
     acc = make_accelerator(ExGRPOConfig())
-    worker = _worker(acc, sharded)
+    worker = _worker(acc, mode)
     if rank == 0:
         result = _run(worker)
         from exgrpo_core import distributed as D
@@ -97,9 +98,9 @@ def _spawned(rank: int, sharded: bool, port: int, out):
             out.put((1, str(e)))
 
 
-@pytest.fixture(scope="module", params=["replicate", "fsdp2"])
+@pytest.fixture(scope="module", params=["replicate", "fsdp2", "fsdp2-offload"])
 def two_process_result(request):
-    items, _ = run_two(_spawned, request.param == "fsdp2")
+    items, _ = run_two(_spawned, request.param)
     return dict(items)
 
 

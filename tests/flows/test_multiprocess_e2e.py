@@ -1,5 +1,6 @@
 """Two training processes (`torchrun --nproc_per_node 2`, gloo on CPU) of the tiny preset, end to end,
-with the weights replicated (DDP-style) and sharded (FSDP2, checkpoints gathered on rank 0).
+with the weights replicated (DDP-style) and sharded (FSDP2; checkpoints with weight shards, and
+gathered on rank 0).
 
 Rank 0 runs the Prefect flow (real server), the database and MLflow; rank 1 follows. Checks: the run
 trains with replay and retirement, both processes hold the same weights after every step, evaluation
@@ -63,6 +64,8 @@ def _evals(db: Path, name: str):
 def test_two_processes_train_and_resume_exactly(tmp_path, prefect_server, tiny_overrides, sharding):
     db = tmp_path / "exp.db"
     tiny_overrides = [*tiny_overrides, f"train.sharding={sharding}"]
+    if sharding == "fsdp2":  # every process writes its weight shard (gathered checkpoints: the end of this test)
+        tiny_overrides.append("run.checkpoint_weights=sharded")
     out = _torchrun(tmp_path, tiny_overrides, "mp", 6)
     assert "step    6/6" in out, out[-3000:]
     (run_id, status, step, mlflow_id), = _rows(db, "select id, status, step, mlflow_run_id from runs where name='mp'")
@@ -83,8 +86,9 @@ def test_two_processes_train_and_resume_exactly(tmp_path, prefect_server, tiny_o
 
     ckpt = latest_checkpoint(tmp_path / "runs" / "mp")
     optimizer = torch.load(ckpt / "trainer_state.pt", weights_only=False)["optimizer"]
-    if sharding == "fsdp2":  # each process wrote its optimiser shard; the weights are one HF folder
+    if sharding == "fsdp2":  # each process wrote its optimiser and weight shards
         assert optimizer is None and len(list((ckpt / "optimizer").glob("*.distcp"))) == 2
+        assert len(list((ckpt / "model").glob("*.distcp"))) == 2 and not list(ckpt.glob("*.safetensors"))
     else:
         assert optimizer["state"], "the replicated optimiser state is saved whole"
     init, _ = load_policy("tiny", tiny=TINY, seed=0)
@@ -115,19 +119,20 @@ def test_two_processes_train_and_resume_exactly(tmp_path, prefect_server, tiny_o
         mlflow_resumed, M.REWARD_MEAN)
     assert sorted(m.step for m in history) == list(range(6)), "the resumed run did not continue its MLflow run"
 
-    if sharding == "replicate":  # a replicated checkpoint (whole optimiser state) resumed with FSDP2
-        out = _torchrun(tmp_path, [*tiny_overrides, "train.sharding=fsdp2"], "mp", 8)
+    if sharding == "replicate":  # a replicated checkpoint (whole optimiser state) resumed with FSDP2,
+        out = _torchrun(tmp_path, [*tiny_overrides, "train.sharding=fsdp2"], "mp", 8)  # weights gathered
         assert "resumed run" in out, out[-3000:]
         (status, step), = _rows(db, "select status, step from runs where name='mp'")
         assert status == "finished" and step == 7
         ckpt = latest_checkpoint(tmp_path / "runs" / "mp")
-        assert ckpt.name == "step_000007" and (ckpt / "optimizer").is_dir()
+        assert ckpt.name == "step_000007" and (ckpt / "optimizer").is_dir() and list(ckpt.glob("*.safetensors"))
 
 
 @pytest.mark.parametrize("sharding", ["replicate", "fsdp2"])
 def test_two_processes_sample_on_one_rollout_server(tmp_path, prefect_server, tiny_overrides, sharding):
     """rollout.engine=remote under torchrun: both processes sample on one server; rank 0 alone pushes
-    (once when the session opens, once per step) and every push is checked."""
+    (once when the session opens, once per step) and every push is checked. With FSDP2 the weights
+    go by gloo broadcast, interleaved with the gathers of the whole tensors."""
     from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
     from exgrpo_core.rollout_server import RolloutServer, build_backend
 
@@ -142,8 +147,9 @@ def test_two_processes_sample_on_one_rollout_server(tmp_path, prefect_server, ti
     backend.generate = lambda prompts, counts, **kw: seen.append(sum(counts)) or generate(prompts, counts, **kw)
     try:
         out = _torchrun(tmp_path, [*tiny_overrides, "rollout.engine=remote", f"rollout.server_url={server.url}",
-                                   f"train.sharding={sharding}",
-                                   "eval.every=0"], "remote", 3)
+                                   f"train.sharding={sharding}", "eval.every=0",
+                                   f"rollout.server_weight_transport={'gloo' if sharding == 'fsdp2' else 'http'}"],
+                        "remote", 3)
     finally:
         server.stop()
     assert "step    3/3" in out, out[-3000:]
