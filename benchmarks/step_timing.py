@@ -2,6 +2,10 @@
 
     python benchmarks/step_timing.py --config tiny --steps 12
     python benchmarks/step_timing.py --config cpu-demo --steps 4
+    python benchmarks/step_timing.py --config gpu-0.5b --steps 6        # on a GPU: adds MFU
+
+Model FLOP utilisation (MFU) of the train step is its model TFLOP/s (`perf/train_tflops`,
+exgrpo_core/flops.py) over the device's dense bf16 peak: `--peak-tflops`, or looked up by GPU name.
 
 Runs the training flow (Prefect ephemeral API unless PREFECT_API_URL is set, local MLflow, SQLite)
 in a fresh temporary folder, reads the per-step `perf/*` metrics back from the experience database,
@@ -22,6 +26,19 @@ import tempfile
 from pathlib import Path
 
 STAGES = ["rollout", "verify", "buffer", "select", "train", "log", "iteration"]
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0}  # dense, vendor sheets
+
+
+def device() -> tuple[str, float | None]:
+    """The machine in words and its bf16 peak TFLOP/s when it is a known GPU."""
+    import torch
+
+    base = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.system()}"
+    if not torch.cuda.is_available():
+        return base + " (CPU only)", None
+    name = torch.cuda.get_device_name(0)
+    peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    return f"{base}, {torch.cuda.device_count()} x {name}", peak
 
 
 def main() -> None:
@@ -29,6 +46,7 @@ def main() -> None:
     ap.add_argument("--config", default="tiny")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--set", action="append", default=[], help="extra config overrides")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: by GPU name)")
     args = ap.parse_args()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
@@ -50,18 +68,20 @@ def main() -> None:
         rows[stage] = statistics.median(values) if values else float("nan")
     rows["orchestration"] = rows["iteration"] - sum(rows[s] for s in STAGES[:-1])  # Prefect task handling etc.
     tokens = {k: statistics.median(v for s, v in series.get(f"perf/{k}", []) if s > 0)
-              for k in ("rollout_tokens_per_s", "train_tokens_per_s") if series.get(f"perf/{k}")}
+              for k in ("rollout_tokens_per_s", "train_tokens_per_s", "train_tflops") if series.get(f"perf/{k}")}
+    machine, peak = device()
+    peak = args.peak_tflops or peak
+    if peak and "train_tflops" in tokens:
+        tokens["train_mfu"] = tokens["train_tflops"] / peak
     print(f"\n{args.config}: median seconds per iteration over steps 1..{args.steps - 1}")
     print(f"{'stage':<10} {'seconds':>9} {'share':>7}")
     for stage in STAGES[:-1] + ["orchestration", "iteration"]:
         share = rows[stage] / rows["iteration"] if stage != "iteration" else 1.0
         print(f"{stage:<10} {rows[stage]:>9.3f} {share:>6.1%}")
     for k, v in tokens.items():
-        print(f"{k:<24} {v:>9.1f}")
+        print(f"{k:<24} {v:>9.1%}" if k == "train_mfu" else f"{k:<24} {v:>9.3g}")
     result = {"command": "python " + " ".join(sys.argv), "date": datetime.date.today().isoformat(),
-              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-                         f"{platform.system()} (CPU only)",
-              "preset": args.config, "steps": args.steps, "median_seconds": rows, "median_tokens_per_s": tokens}
+              "machine": machine, "peak_tflops": peak, "preset": args.config, "steps": args.steps, "median_seconds": rows, "median_tokens_per_s": tokens}
     dest = Path(__file__).resolve().parent / "results" / f"step_timing_{args.config}.json"
     dest.parent.mkdir(exist_ok=True)
     dest.write_text(json.dumps(result, indent=2) + "\n")

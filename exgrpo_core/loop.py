@@ -19,6 +19,7 @@ import torch
 from exgrpo_core import losses, metrics as M, selection
 from exgrpo_core.advantages import compute_group_advantages
 from exgrpo_core.batch import collate
+from exgrpo_core.flops import model_train_flops
 from exgrpo_core.rollout import TransformersEngine
 from exgrpo_core.session import Session
 from exgrpo_core.types import GroupResult, Rollout
@@ -188,6 +189,8 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
     replay_term = (partial(losses.shaped_replay_term, beta=cfg.loss.shaping_beta) if cfg.loss.policy_shaping
                    else losses.plain_replay_term)
     batch = collate(rows, advs, s.engine.pad_id, qidx, tis_cap=cfg.loss.tis_cap)
+    flops = model_train_flops(s.accelerator.unwrap_model(s.model), batch.attention_mask.sum(1).tolist())
+    t_opt = time.perf_counter()
     stats.update(s.team.optimise(
         batch, n_minibatches=cfg.train.batch_size // cfg.train.mini_batch_size,
         micro_batch_size=cfg.train.micro_batch_size, micro_batch_tokens=cfg.train.micro_batch_tokens,
@@ -195,6 +198,7 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
         aggregation=cfg.loss.aggregation, max_response_len=cfg.rollout.max_response_tokens,
         entropy_coef=cfg.loss.entropy_coef, kl_coef=cfg.loss.kl_coef, temperature=cfg.rollout.temperature,
         max_grad_norm=cfg.train.max_grad_norm, skip_grad_norm=cfg.train.skip_grad_norm))
+    stats[M.TRAIN_TFLOPS] = flops / max(time.perf_counter() - t_opt, 1e-9) / 1e12
     if hasattr(s.engine, "push_weights"):  # an engine with its own copy of the weights (vLLM, remote)
         dtype = getattr(s.engine, "weight_dtype", None) or getattr(torch, s.cfg.model.dtype)
         stats.update(s.team.push_weights(s.prompt_ids(min(s.questions)), dtype))

@@ -61,6 +61,7 @@ TIME_ITERATION = "perf/iteration_s"
 TIME_CHECKPOINT = "perf/checkpoint_s"
 ROLLOUT_TOKENS_PER_S = "perf/rollout_tokens_per_s"
 TRAIN_TOKENS_PER_S = "perf/train_tokens_per_s"
+TRAIN_TFLOPS = "perf/train_tflops"  # model TFLOP/s of the optimiser call (flops.py); MFU = this / peak
 # evaluation: eval/<benchmark>/<metric> (see eval_key), eval/average/pass_at_1, and the eval timings
 EVAL_PREFIX = "eval/"
 EVAL_METRICS = ("pass@1", "samples", "questions", "response_length", "truncation_rate", "no_answer_rate",
