@@ -12,6 +12,8 @@ through `ExperienceStore` exactly as `exgrpo_core/loop.py` calls it:
   fetch(full) candidates() with every payload, the read before selection fetched less (for comparison)
   sample(ref) the reference path it replaces: buffer_state + selection.sample_questions on a copy of the rng
            (the two must return the same questions and leave the same rng state; checked every repeat)
+  metrics  buffer_state(with_buckets=False): the pool, retired and bucket sizes the loop logs every step
+           (one aggregate); metrics(full) the whole buffer_state it read before (pooled uids listed too)
   update   apply_buffer_update of the paper's batch: 64 fresh x 8 + 64 replayed x 7 responses (update_buffer)
   replays  record_replays of the 64 chosen trajectories
   retired  retired_uids() (fresh sampling skips retired questions)
@@ -53,7 +55,7 @@ from exgrpo_core.store_engine import scratch_postgres_database  # noqa: E402
 from exgrpo_core.types import GroupResult, Rollout  # noqa: E402
 
 PG_ADMIN = os.environ.get("EXGRPO_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-OPS = ["sample", "fetch", "sample+fetch", "sample(ref)", "fetch(full)", "update", "replays", "retired", "retire",
+OPS = ["sample", "fetch", "sample+fetch", "sample(ref)", "fetch(full)", "metrics", "metrics(full)", "update", "replays", "retired", "retire",
        "rollback"]
 WORDS = "so we get then the sum is equal to both sides check answer step".split()
 
@@ -131,6 +133,10 @@ def bench_size(backend: str, n: int, args) -> dict:
             if [e.behaviour_logprobs for e in best] != [
                     next(f for f in full[e.question_uid] if f.id == e.id).behaviour_logprobs for e in best]:
                 raise RuntimeError("with_payloads differs from candidates(payload=True)")
+            counts = timed(db, "metrics", store.buffer_state, run_id, K, with_buckets=False)
+            whole = timed(db, "metrics(full)", store.buffer_state, run_id, K)
+            if counts != type(whole)(**{**whole.__dict__, "buckets": {}}):
+                raise RuntimeError("buffer_state(with_buckets=False) differs from buffer_state's sizes")
             retired = timed(db, "retired", store.retired_uids, run_id)
             pooled = {u for v in state.buckets.values() for u in v}
             free = [f"synth-{i}" for i in range(nq) if f"synth-{i}" not in retired and f"synth-{i}" not in replay]

@@ -212,7 +212,7 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
 def buffer_snapshot(s: Session) -> dict:
     """Pool and retired-set sizes and bucket counts k = 0..K after the step (SPEC §1.5)."""
     K = s.cfg.rollout.group_size
-    state = s.store.buffer_state(s.run_id, K)
+    state = s.store.buffer_state(s.run_id, K, with_buckets=False)
     out = {M.BUFFER_QUESTIONS: float(state.pool_questions), M.BUFFER_TRAJECTORIES: float(state.pool_trajectories),
            M.RETIRED_QUESTIONS: float(state.retired_questions), M.REPLAY_ACTIVE: float(s.replay_active)}
     out.update({M.bucket_key(k): float(state.bucket_counts.get(k, 0)) for k in range(K + 1)})

@@ -223,10 +223,11 @@ class ExperienceStore:
             self._require_run(conn, run_id)
             return apply_groups(conn, run_id, step, groups, rule)
 
-    def buffer_state(self, run_id: str, group_size: int) -> BufferState:
-        """Buckets of pooled questions by latest k, counts per k = 0..group_size, pool and retired sizes."""
+    def buffer_state(self, run_id: str, group_size: int, with_buckets: bool = True) -> BufferState:
+        """Buckets of pooled questions by latest k, counts per k = 0..group_size, pool and retired sizes;
+        `with_buckets=False`: the counts and sizes only (buckets left empty), one aggregate query."""
         with read_connection(self.engine, f"reading the buffer of run {run_id}") as conn:
-            return read_buffer_state(conn, run_id, group_size)
+            return read_buffer_state(conn, run_id, group_size, with_buckets)
 
     def sample_replay_questions(self, run_id: str, group_size: int, n: int, weights: dict[int, float],
                                 rng: random.Random) -> list[str]:

@@ -12,7 +12,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, bindparam, case, func, insert, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, case, func, insert, or_, select, update
 
 from exgrpo_core import metrics as M
 from exgrpo_core.codec import CodecError, encode_logprobs, encode_token_ids
@@ -228,14 +228,21 @@ def _trajectory_rows(conn: Connection, run_id: str, step: int, groups: list[Grou
     return rows, collected, duplicates
 
 
-def read_buffer_state(conn: Connection, run_id: str, group_size: int) -> BufferState:
-    """Buckets by latest k (SPEC §1.2) and pool sizes, aggregated by the database."""
+def read_buffer_state(conn: Connection, run_id: str, group_size: int, with_buckets: bool = True) -> BufferState:
+    """Buckets by latest k (SPEC §1.2) and pool sizes, aggregated by the database; `with_buckets=False`
+    reads the counts alone (one aggregate, no pooled uids: the per-step metrics)."""
     qs = QuestionState
+    pooled = case((and_(*pooled_filter(run_id)[1:]), 1), else_=0)
     per_k = conn.execute(select(qs.latest_k, func.count(), func.sum(case((qs.retired.is_(True), 1), else_=0)),
-                                func.sum(qs.pool_size))
+                                func.sum(qs.pool_size), func.sum(pooled))
                          .where(qs.run_id == run_id, qs.latest_k.is_not(None)).group_by(qs.latest_k)).all()
     bucket_counts = dict.fromkeys(range(group_size + 1), 0)
-    bucket_counts.update({int(k): int(n) for k, n, _, _ in per_k})  # a k outside 0..K is shown, not hidden
+    bucket_counts.update({int(k): int(n) for k, n, *_ in per_k})  # a k outside 0..K is shown, not hidden
+    totals = dict(pool_questions=sum(int(q or 0) for *_, q in per_k),
+                  pool_trajectories=sum(int(p or 0) for *_, p, _ in per_k),
+                  retired_questions=sum(int(r or 0) for _, _, r, _, _ in per_k))
+    if not with_buckets:
+        return BufferState(buckets={}, bucket_counts=bucket_counts, **totals)
     buckets: dict[int, list[str]] = {}
     rows = conn.execute(select(qs.latest_k, qs.slot, qs.uid).where(*pooled_filter(run_id))
                         .order_by(qs.latest_k, qs.slot))  # the partial index's order: no sort
@@ -245,7 +252,4 @@ def read_buffer_state(conn: Connection, run_id: str, group_size: int) -> BufferS
             raise StoreError(f"pool slots of bucket {k} of run {run_id} are not 0..n-1 (slot {slot} at position "
                              f"{len(members)}; a write outside ExperienceStore?)")
         members.append(uid)
-    return BufferState(buckets=buckets, bucket_counts=bucket_counts,
-                       pool_questions=sum(len(v) for v in buckets.values()),
-                       pool_trajectories=sum(int(p or 0) for *_, p in per_k),
-                       retired_questions=sum(int(r or 0) for _, _, r, _ in per_k))
+    return BufferState(buckets=buckets, bucket_counts=bucket_counts, **totals)

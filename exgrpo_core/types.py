@@ -123,7 +123,8 @@ class GroupResult:
 class BufferState:
     """Snapshot of a run's experience pool (for metrics and sampling).
 
-    buckets: {k: [question uids]} of unretired questions with at least one pooled trajectory.
+    buckets: {k: [question uids]} of unretired questions with at least one pooled trajectory (empty
+    when read with `with_buckets=False`).
     bucket_counts: {k: n} over all questions seen in the run, k = 0..K (retired ones included at K).
     """
 

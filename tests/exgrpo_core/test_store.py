@@ -140,6 +140,8 @@ def test_buffer_state_matches_naive_count_on_random_data(store):
     # members per bucket (their order is the slot order: tests/exgrpo_core/test_store_slots.py)
     assert ({k: sorted(v) for k, v in state.buckets.items()}, state.bucket_counts) == (buckets, counts)
     assert (state.pool_questions, state.pool_trajectories, state.retired_questions) == (n_q, n_t, n_ret)
+    counts = store.buffer_state(run, K, with_buckets=False)  # what the per-step metrics read
+    assert counts.buckets == {} and counts == type(state)(**{**state.__dict__, "buckets": {}})
     assert n_t > 0 and n_ret > 0  # the random data exercised both paths
     dump = dump_run(store, run)
     pooled = {u: sum(1 for t in dump["trajectories"] if t[0] == u and t[10]) for u in uids}

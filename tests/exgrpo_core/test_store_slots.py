@@ -78,8 +78,13 @@ def test_buckets_follow_the_swap_remove_model_step_by_step(store):
     model, moved = SlotModel(), 0
     for step in range(12):
         play(store, run_id, uids, step, model)
-        got = store.buffer_state(run_id, K).buckets
+        state = store.buffer_state(run_id, K)
+        got = state.buckets
         assert got == model.buckets, f"step {step}"
+        counts = store.buffer_state(run_id, K, with_buckets=False)  # one aggregate: the same sizes
+        assert (counts.pool_questions, counts.pool_trajectories, counts.retired_questions, counts.bucket_counts) == (
+            state.pool_questions, state.pool_trajectories, state.retired_questions, state.bucket_counts)
+        assert counts.pool_questions == sum(map(len, model.buckets.values())), f"step {step}"
         moved += any(v != sorted(v) for v in got.values())
     assert moved > 0  # holes were filled from the end, not re-sorted
     check_same_as_reference(store, run_id, range(40))
