@@ -232,7 +232,7 @@ def read_buffer_state(conn: Connection, run_id: str, group_size: int, with_bucke
     """Buckets by latest k (SPEC §1.2) and pool sizes, aggregated by the database; `with_buckets=False`
     reads the counts alone (one aggregate, no pooled uids: the per-step metrics)."""
     qs = QuestionState
-    pooled = case((and_(*pooled_filter(run_id)[1:]), 1), else_=0)
+    pooled = case((and_(*pooled_filter(run_id)[1:]), 1), else_=0)  # the pool condition without its run clause
     per_k = conn.execute(select(qs.latest_k, func.count(), func.sum(case((qs.retired.is_(True), 1), else_=0)),
                                 func.sum(qs.pool_size), func.sum(pooled))
                          .where(qs.run_id == run_id, qs.latest_k.is_not(None)).group_by(qs.latest_k)).all()
