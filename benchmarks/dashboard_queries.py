@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from dashboard import db, queries as Q  # noqa: E402
 from exgrpo_core import metrics as M  # noqa: E402
-from exgrpo_core.store_engine import scratch_postgres_database  # noqa: E402
+from exgrpo_core.store.engine import scratch_postgres_database  # noqa: E402
 from synth_store import fill  # noqa: E402
 
 PG_ADMIN = os.environ.get("EXGRPO_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")

@@ -49,9 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import inmemory_baseline  # noqa: E402
 import synth_store  # noqa: E402
 
-from exgrpo_core import selection  # noqa: E402
-from exgrpo_core.store import ExperienceStore  # noqa: E402
-from exgrpo_core.store_engine import scratch_postgres_database  # noqa: E402
+from exgrpo_core.algorithm import selection  # noqa: E402
+from exgrpo_core.store.experience_store import ExperienceStore  # noqa: E402
+from exgrpo_core.store.engine import scratch_postgres_database  # noqa: E402
 from exgrpo_core.types import GroupResult, Rollout  # noqa: E402
 
 PG_ADMIN = os.environ.get("EXGRPO_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from exgrpo_core import evaluation as E, models
+from exgrpo_core.evaluation import evaluate as E
+from exgrpo_core import models
 from exgrpo_core.config_io import load_config
 from exgrpo_core.rewards import MathVerifier
 

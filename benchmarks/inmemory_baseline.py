@@ -15,7 +15,7 @@ import random
 
 import numpy as np
 
-from exgrpo_core import selection
+from exgrpo_core.algorithm import selection
 from exgrpo_core.types import GroupResult
 
 

@@ -121,7 +121,7 @@ def main() -> None:
     from bench_record import save_result
     from exgrpo_core.config_io import load_config
     from exgrpo_core.session import Session
-    from exgrpo_core.store import ExperienceStore
+    from exgrpo_core.store.experience_store import ExperienceStore
     from flows import tracking
 
     import torch

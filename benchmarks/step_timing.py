@@ -5,7 +5,7 @@
     python benchmarks/step_timing.py --config gpu-0.5b --steps 6        # on a GPU: adds MFU
 
 Model FLOP utilisation (MFU) of the train step is its model TFLOP/s (`perf/train_tflops`,
-exgrpo_core/flops.py) over the device's dense bf16 peak: `--peak-tflops`, or looked up by GPU name.
+exgrpo_core/training/flops.py) over the device's dense bf16 peak: `--peak-tflops`, or looked up by GPU name.
 
 Runs the training flow (Prefect ephemeral API unless PREFECT_API_URL is set, local MLflow, SQLite)
 in a fresh temporary folder, reads the per-step `perf/*` metrics back from the experience database,
@@ -51,7 +51,7 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
     from exgrpo_core.config_io import load_config
-    from exgrpo_core.store import ExperienceStore
+    from exgrpo_core.store.experience_store import ExperienceStore
     from flows.train import train
 
     out_dir = Path(tempfile.mkdtemp(prefix="exgrpo-bench-"))

@@ -29,8 +29,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exgrpo_core import metrics as M, selection  # noqa: E402
-from exgrpo_core.store import ExperienceStore  # noqa: E402
+from exgrpo_core import metrics as M  # noqa: E402
+from exgrpo_core.algorithm import selection
+from exgrpo_core.store.experience_store import ExperienceStore  # noqa: E402
 from exgrpo_core.types import Question  # noqa: E402
 
 BATCH = 128  # questions per step (paper)
@@ -262,7 +263,7 @@ def fill(db_url: str, n_trajectories: int, *, seed: int = 0, group_size: int = 8
 def _write_all(store: ExperienceStore, run_id: str, sim: Sim, run: dict, response_tokens: int, seed: int) -> None:
     from sqlalchemy import select
 
-    from exgrpo_core.store_models import QuestionState
+    from exgrpo_core.store.tables import QuestionState
     with store.engine.begin() as conn:
         qid_of = dict(conn.execute(select(QuestionState.uid, QuestionState.question_id)
                                    .where(QuestionState.run_id == run_id)).all())
@@ -294,7 +295,7 @@ def _write_states(conn, w: Writer, run_id: str, sim: Sim, qids: list[int]) -> No
     starts after the last simulated step."""
     from sqlalchemy import delete, update
 
-    from exgrpo_core.store_models import QuestionState, Run
+    from exgrpo_core.store.tables import QuestionState, Run
     conn.execute(delete(QuestionState).where(QuestionState.run_id == run_id))
     cols = [("run_id", "varchar"), ("question_id", "int4"), ("uid", "varchar"), ("latest_k", "int4"),
             ("n_groups", "int4"), ("last_step", "int4"), ("retired", "bool"), ("retired_step", "int4"),

@@ -17,7 +17,7 @@ from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from exgrpo_core.store_engine import StoreError, mask_url, parse_url, resolve_db_url
+from exgrpo_core.store.engine import StoreError, mask_url, parse_url, resolve_db_url
 
 ENV_DB_URL = "EXGRPO_DB_URL"
 ENV_MLFLOW_URI = "MLFLOW_TRACKING_URI"

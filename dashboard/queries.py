@@ -1,4 +1,4 @@
-"""Every query the dashboard runs, in SQLAlchemy Core over `exgrpo_core.store_models` tables.
+"""Every query the dashboard runs, in SQLAlchemy Core over `exgrpo_core.store.tables` tables.
 
 Plain functions of a database URL returning pandas frames, so pages can cache them
 (`st.cache_data`) and the benchmark can time them. Rules that keep pages fast on a database with
@@ -17,8 +17,8 @@ from sqlalchemy import Connection, Integer, and_, case, cast, func, literal, or_
 from sqlalchemy.exc import SQLAlchemyError
 
 from exgrpo_core import metrics as M
-from exgrpo_core.store_engine import mask_url
-from exgrpo_core.store_models import (EvalResult, GroupResultRow, QuestionRow, QuestionState, Replay, Run,
+from exgrpo_core.store.engine import mask_url
+from exgrpo_core.store.tables import (EvalResult, GroupResultRow, QuestionRow, QuestionState, Replay, Run,
                                       StepMetric, Trajectory)
 from dashboard.db import DashboardError, has_schema, readonly_engine, reason
 

@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import db, mlflow_reader, queries
-from exgrpo_core.store_engine import mask_url
+from exgrpo_core.store.engine import mask_url
 
 TTL_S = 10
 

@@ -201,7 +201,7 @@ class TrainConfig(_Section):
     """Sequences per forward/backward pass (gradient accumulation inside a mini-batch)."""
     share_prompt_forward: bool = True
     """Rows with the same prompt (a question's K responses) run it once in the trainer's forward and
-    attend to its copied key/value cache; same values and gradients (exgrpo_core/forward_parts.py).
+    attend to its copied key/value cache; same values and gradients (exgrpo_core/training/forward_parts.py).
     Off under gradient checkpointing and FSDP2."""
     micro_batch_tokens: int | None = Field(default=None, ge=1)
     """Also cap a forward/backward pass at this many padded tokens (rows x longest row), so long

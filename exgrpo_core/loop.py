@@ -16,11 +16,12 @@ from functools import partial
 
 import torch
 
-from exgrpo_core import losses, metrics as M, selection
-from exgrpo_core.advantages import compute_group_advantages
-from exgrpo_core.batch import collate
-from exgrpo_core.flops import model_train_flops
-from exgrpo_core.rollout import TransformersEngine
+from exgrpo_core.algorithm import losses, selection
+from exgrpo_core import metrics as M
+from exgrpo_core.algorithm.advantages import compute_group_advantages
+from exgrpo_core.training.batch import collate
+from exgrpo_core.training.flops import model_train_flops
+from exgrpo_core.rollout.engine import TransformersEngine
 from exgrpo_core.session import Session
 from exgrpo_core.types import GroupResult, Rollout
 

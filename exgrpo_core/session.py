@@ -19,14 +19,15 @@ from typing import Callable
 
 import torch
 
-from exgrpo_core import checkpoint, data, distributed as D, fsdp, models
+from exgrpo_core import checkpoint, data, models
+from exgrpo_core.training import distributed as D, fsdp
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import ConfigError
 from exgrpo_core.rewards import MathVerifier
-from exgrpo_core.rollout import TransformersEngine
-from exgrpo_core.sampler import FreshSampler
-from exgrpo_core.store import ExperienceStore, resolve_db_url
-from exgrpo_core.team import Team, Worker, serve
+from exgrpo_core.rollout.engine import TransformersEngine
+from exgrpo_core.algorithm.sampler import FreshSampler
+from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
+from exgrpo_core.training.team import Team, Worker, serve
 from exgrpo_core.types import Question
 
 Verify = Callable[[list[str], list[str]], list[tuple[float, str]]]
@@ -218,13 +219,13 @@ def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str):
         return TransformersEngine(model, tokenizer, top_p=cfg.rollout.top_p,
                                   batch_size=cfg.rollout.generation_batch_size)
     if cfg.rollout.engine == "remote":  # the server may hold other weights (another run, a checkpoint): push
-        from exgrpo_core.rollout_remote import RemoteEngine
+        from exgrpo_core.rollout.remote import RemoteEngine
 
         engine = RemoteEngine(cfg.rollout.server_url, tokenizer, top_p=cfg.rollout.top_p,
                               timeout_s=cfg.rollout.server_timeout_s, transport=cfg.rollout.server_weight_transport,
                               group_host=cfg.rollout.server_group_host)
         return engine  # open_worker pushes the trainer's weights (gathered first with FSDP2)
-    from exgrpo_core.rollout_vllm import VLLMEngine
+    from exgrpo_core.rollout.vllm_engine import VLLMEngine
 
     topo, tp = D.topology(), cfg.rollout.vllm_tensor_parallel_size
     return VLLMEngine(source, tokenizer, top_p=cfg.rollout.top_p, dtype=cfg.model.dtype,

@@ -68,8 +68,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     from exgrpo_core.config import ExGRPOConfig
     from exgrpo_core.config_io import load_config
-    from exgrpo_core.store import resolve_db_url
-    from exgrpo_core.store_engine import mask_url, parse_url
+    from exgrpo_core.store.experience_store import resolve_db_url
+    from exgrpo_core.store.engine import mask_url, parse_url
     from flows.tracking import resolve_tracking_uri
 
     cfg = load_config(args.config, args.set) if args.config else ExGRPOConfig()
@@ -88,7 +88,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from exgrpo_core.store import ExperienceStore, resolve_db_url
+    from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 
     url = resolve_db_url(args.url, os.path.abspath(args.run_dir))
     store = ExperienceStore(url)
@@ -101,7 +101,7 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     import json
 
-    from exgrpo_core import eval_report
+    from exgrpo_core.evaluation import report as eval_report
     from exgrpo_core.config_io import load_config
 
     cfg = load_config(args.config, args.set + ([f"eval.suites={json.dumps(args.suite)}"] if args.suite else []))
@@ -146,7 +146,7 @@ def _config_args(sp, *, required: bool, config_help: str = "preset name (tiny, c
 
 
 def cmd_rollout_server(args: argparse.Namespace) -> int:
-    from exgrpo_core.rollout_server import RolloutServer, build_backend
+    from exgrpo_core.rollout.server import RolloutServer, build_backend
 
     backend, tokenizer = build_backend(args.model, args.backend, dtype=args.dtype, batch_size=args.batch_size,
                                        tensor_parallel_size=args.tensor_parallel_size,

@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import load_config
-from exgrpo_core.store import ExperienceStore, resolve_db_url
+from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 from flows import compare_report as report
 from flows.compare_arms import ArmName, ArmRun, build_arm_runs, can_evaluate, parse_arms, parse_seeds, rollout_slots
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from exgrpo_core import metrics as M
-from exgrpo_core.store import ExperienceStore
+from exgrpo_core.store.experience_store import ExperienceStore
 
 CURVE_KEYS = (M.REWARD_MEAN, M.FRESH_PASS1, M.RESPONSES, M.REPLAYED_SAMPLES, M.BUFFER_QUESTIONS,
               M.BUFFER_TRAJECTORIES, M.RETIRED_QUESTIONS)

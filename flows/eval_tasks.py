@@ -12,7 +12,8 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from exgrpo_core import eval_report, evaluation as E, metrics as M
+from exgrpo_core.evaluation import report as eval_report, evaluate as E
+from exgrpo_core import metrics as M
 from exgrpo_core.config import ExGRPOConfig
 
 _task = task(cache_policy=NO_CACHE, persist_result=False)

@@ -19,7 +19,7 @@ from exgrpo_core import checkpoint as C, models
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import ConfigError, load_config
 from exgrpo_core.rewards import MathVerifier
-from exgrpo_core.store import ExperienceStore, StoreError, resolve_db_url
+from exgrpo_core.store.experience_store import ExperienceStore, StoreError, resolve_db_url
 from flows.eval_tasks import generation_args, load_items, record, run_eval
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 

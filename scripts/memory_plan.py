@@ -10,7 +10,7 @@ import argparse
 import json
 from types import SimpleNamespace
 
-from exgrpo_core import memory_plan as mp
+from exgrpo_core.training import memory_plan as mp
 
 
 def main() -> None:

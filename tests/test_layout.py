@@ -29,3 +29,39 @@ def test_modules_stay_under_the_hard_size_limit():
             if n > limit:
                 too_big.append(f"{p.relative_to(ROOT)} ({n} > {limit})")
     assert not too_big, f"split these by concept: {too_big}"
+
+
+CORE_IMPORT = re.compile(r"^\s*(?:from|import)\s+exgrpo_core\.?([a-z_]*)(?:\.([a-z_]+))?(?:\s+import\s+([\w ,]+))?", re.M)
+# What each subpackage may import from the rest of exgrpo_core (the run's modules at the top compose them).
+ALLOWED = {
+    "algorithm": {"metrics", "types", "config", "algorithm"},
+    "store": {"metrics", "types", "config", "algorithm", "store"},
+    "rollout": {"metrics", "types", "config", "models", "rollout", "training"},
+    "training": {"metrics", "types", "config", "checkpoint", "algorithm", "rollout", "training"},
+    "evaluation": {"metrics", "types", "config", "data", "rewards", "rollout", "evaluation"},
+}
+
+
+def _imported(text: str) -> set[str]:
+    found = set()
+    for pkg, _sub, names in CORE_IMPORT.findall(text):
+        if pkg:
+            found.add(pkg)
+        else:  # from exgrpo_core import a, b as c
+            found |= {n.split(" as ")[0].strip() for n in names.split(",")}
+    return found
+
+
+def test_subpackages_import_only_their_layer():
+    bad = []
+    for pkg, allowed in ALLOWED.items():
+        for p in (ROOT / "exgrpo_core" / pkg).rglob("*.py"):
+            extra = _imported(p.read_text()) - allowed
+            if extra:
+                bad.append(f"{p.relative_to(ROOT)} imports {sorted(extra)}")
+    assert not bad, f"layering broken: {bad}"
+
+
+def test_the_layer_check_sees_a_forbidden_import():
+    assert _imported("from exgrpo_core import loop, metrics as M\nfrom exgrpo_core.session import x\n") == {
+        "loop", "metrics", "session"}

@@ -154,7 +154,7 @@ PAGES = ["runs", "buffer", "entropy", "experience", "results"]
 
 @pytest.mark.parametrize("page", PAGES)
 def test_pages_explain_an_empty_database(page, tmp_path, monkeypatch):
-    from exgrpo_core.store import ExperienceStore
+    from exgrpo_core.store.experience_store import ExperienceStore
 
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     ExperienceStore(url).close()  # schema, no runs

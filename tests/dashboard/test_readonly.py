@@ -17,9 +17,9 @@ from sqlalchemy.exc import DBAPIError
 
 from dashboard import db, queries as Q
 from exgrpo_core import metrics as M
-from exgrpo_core.store import ExperienceStore
-from exgrpo_core.store_engine import scratch_postgres_database, write_transaction
-from exgrpo_core.store_models import Run
+from exgrpo_core.store.experience_store import ExperienceStore
+from exgrpo_core.store.engine import scratch_postgres_database, write_transaction
+from exgrpo_core.store.tables import Run
 from exgrpo_core.types import Question
 
 PG_URL = os.environ.get("EXGRPO_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")

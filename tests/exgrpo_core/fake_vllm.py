@@ -35,7 +35,7 @@ class LLM:
     def __init__(self, model: str, **kwargs):
         from transformers import AutoModelForCausalLM
 
-        from exgrpo_core.rollout_vllm import WeightSyncExtension
+        from exgrpo_core.rollout.vllm_engine import WeightSyncExtension
 
         LLM.instances.append(self)
         self.kwargs = kwargs
@@ -119,5 +119,5 @@ def install() -> None:
 @contextmanager
 def cuda():
     """`VLLMEngine` believes it has a GPU (nothing else does)."""
-    with mock.patch("exgrpo_core.rollout_vllm.has_cuda", return_value=True):
+    with mock.patch("exgrpo_core.rollout.vllm_engine.has_cuda", return_value=True):
         yield

@@ -14,9 +14,9 @@ import zlib
 import pytest
 from sqlalchemy import select
 
-from exgrpo_core.store import ExperienceStore, StoreError
-from exgrpo_core.store_engine import scratch_postgres_database
-from exgrpo_core.store_models import (EvalResult, GroupResultRow, QuestionState, Replay, Run, StepMetric,
+from exgrpo_core.store.experience_store import ExperienceStore, StoreError
+from exgrpo_core.store.engine import scratch_postgres_database
+from exgrpo_core.store.tables import (EvalResult, GroupResultRow, QuestionState, Replay, Run, StepMetric,
                                       Trajectory)
 from exgrpo_core.types import GroupResult, Question, Rollout
 

@@ -22,7 +22,8 @@ def _spawned(rank: int, tmp: str, port: int, out):
 def _save(rank: int, tmp: str) -> dict:
     import torch.distributed as dist
 
-    from exgrpo_core import checkpoint, distributed as D, fsdp
+    from exgrpo_core import checkpoint
+    from exgrpo_core.training import distributed as D, fsdp
     from exgrpo_core.models import load_policy
 
     dist.init_process_group("gloo")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from exgrpo_core import loop, losses
+from exgrpo_core import loop
+from exgrpo_core.algorithm import losses
 from exgrpo_core.config_io import load_config
 from exgrpo_core.session import open_session
 

@@ -15,7 +15,7 @@ import pytest
 
 from exgrpo_core import metrics as M
 from exgrpo_core.config_io import ConfigError
-from exgrpo_core.store import ExperienceStore
+from exgrpo_core.store.experience_store import ExperienceStore
 from exgrpo_core.types import GroupResult, Question, Rollout
 from flows import compare_report as report
 from flows.compare_arms import ARMS, build_arm_runs, check_equal_slots, parse_arms, parse_seeds, run_name

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from exgrpo_core import metrics as M
-from exgrpo_core.store import ExperienceStore
+from exgrpo_core.store.experience_store import ExperienceStore
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -134,7 +134,7 @@ def test_two_processes_sample_on_one_rollout_server(tmp_path, prefect_server, ti
     (once when the session opens, once per step) and every push is checked. With FSDP2 the weights
     go by gloo broadcast, interleaved with the gathers of the whole tensors."""
     from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
-    from exgrpo_core.rollout_server import RolloutServer, build_backend
+    from exgrpo_core.rollout.server import RolloutServer, build_backend
 
     folder = tmp_path / "server-model"
     tok = build_tiny_tokenizer()

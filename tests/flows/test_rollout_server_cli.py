@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
-from exgrpo_core.rollout_remote import RemoteEngine
+from exgrpo_core.rollout.remote import RemoteEngine
 
 
 def _free_port() -> int:

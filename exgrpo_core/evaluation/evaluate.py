@@ -1,0 +1,242 @@
+"""Benchmark evaluation (paper §4, SPEC §1.4): sample, grade with math-verify, score pass@1 as avg@k.
+
+A suite is any dataset `data.load_questions` reads, plus the shipped names in `SUITES`. Each row's
+source (verl `data_source`) is a benchmark. Rows that repeat one question (the paper's parquet holds
+AIME/AMC 32 times: avg@32) become one question sampled `repeats * samples` times, so
+pass@1 = mean over questions of c_i / n_i, and pass@k uses the unbiased estimator. Generation goes
+through the rollout engine under a forked, seeded RNG, so evaluating inside training neither
+changes the training run's random stream nor depends on it. Tables and plots live in `eval_report`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from exgrpo_core import data
+from exgrpo_core.rollout.engine import TransformersEngine
+from exgrpo_core.types import Question
+
+SUITES = {"paper": "exgrpo-eval-test.parquet", "paper-valid": "exgrpo-eval-valid.parquet",
+          "gsm8k": "gsm8k-test.jsonl"}
+"""Shipped suites (exgrpo_core/datasets/eval-suites.md): name -> file in the bundled folder."""
+BENCHMARK_NAMES = {"aime": "AIME24", "aime25": "AIME25", "amc": "AMC", "math": "MATH-500",
+                   "minerva": "Minerva", "olympiad_bench": "OlympiadBench", "gsm8k-test": "GSM8K"}
+"""verl `data_source` (or dataset name) -> the benchmark's name in the paper's tables."""
+AVERAGE = "average"
+Verify = Callable[[list[str], list[str]], list[tuple[float, str]]]
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    """One distinct question of a suite; `repeats` = rows of the suite that hold it."""
+
+    question: Question
+    benchmark: str
+    repeats: int = 1
+
+
+@dataclass
+class QuestionResult:
+    """The graded samples of one question: n samples, `correct` of them right."""
+
+    uid: str
+    benchmark: str
+    answer: str
+    n: int
+    correct: int
+    reasons: dict[str, int]
+    response_tokens: int
+    truncated: int
+    example: str = ""
+    """The first sampled response (for the samples artifact)."""
+
+
+@dataclass
+class EvalReport:
+    """Scores of one evaluation: per benchmark metrics, the unweighted average, per-question results."""
+
+    benchmarks: dict[str, dict[str, float]]
+    average: dict[str, float]
+    questions: list[QuestionResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> dict:
+        """{benchmark: {"pass@1": ..., ...}, "average": {"pass@1": ...}} (the train flow's `eval` key)."""
+        return {**{b: dict(m) for b, m in self.benchmarks.items()}, AVERAGE: dict(self.average)}
+
+
+# ---- suites ---------------------------------------------------------------------------------------
+def resolve_suite(spec: str) -> str:
+    """A suite name (`paper`, `paper-valid`, `gsm8k`) or `bundled:NAME` of a shipped parquet -> its path."""
+    if spec in SUITES:
+        return str(data.BUNDLED_DIR / SUITES[spec])
+    if spec.startswith("bundled:"):
+        parquet = data.BUNDLED_DIR / f"{spec.removeprefix('bundled:')}.parquet"
+        if parquet.is_file():
+            return str(parquet)
+    return spec
+
+
+def benchmark_name(source: str) -> str:
+    return BENCHMARK_NAMES.get(source, source)
+
+
+def group_repeats(questions: list[Question], max_questions: int | None = None) -> list[EvalItem]:
+    """Merge rows with the same (source, messages, answer) into one item counting its repeats.
+
+    Example: rows [a, a, a, b] -> [EvalItem(a, repeats=3), EvalItem(b, repeats=1)]. `max_questions`
+    keeps the first N distinct questions of each benchmark.
+    """
+    items: dict[tuple, list] = {}
+    for q in questions:
+        key = (q.source, tuple(tuple(sorted(m.items())) for m in q.messages), q.answer)
+        if key in items:
+            items[key][1] += 1
+        else:
+            items[key] = [q, 1]
+    out: list[EvalItem] = []
+    per_bench: Counter = Counter()
+    for q, repeats in items.values():
+        bench = benchmark_name(q.source)
+        if max_questions is not None and per_bench[bench] >= max_questions:
+            continue
+        per_bench[bench] += 1
+        out.append(EvalItem(q, bench, repeats))
+    return out
+
+
+def load_suite(spec: str, *, question_key: str = "question", answer_key: str = "answer",
+               system_prompt: str | None = None, instruction: str = "",
+               max_questions: int | None = None) -> list[EvalItem]:
+    """Read a suite (see `resolve_suite`) and group its repeated rows; raises DataError naming the suite."""
+    questions = data.load_questions(resolve_suite(spec), question_key=question_key, answer_key=answer_key,
+                                    system_prompt=system_prompt, instruction=instruction)
+    return group_repeats(questions, max_questions)
+
+
+# ---- scores ---------------------------------------------------------------------------------------
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021, Eq. 1): 1 - C(n-c, k) / C(n, k), as a stable product.
+
+    Example: n=4, c=1, k=2 -> 1 - C(3,2)/C(4,2) = 1 - 3/6 = 0.5.
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n (got n={n}, c={c}, k={k})")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def avg_at_k(results: list[QuestionResult]) -> float:
+    """ExGRPO §4 pass@1 as avg@k: the mean over questions of c_i / n_i (= mean unbiased pass@1)."""
+    if not results:
+        raise ValueError("avg@k of no questions")
+    return sum(r.correct / r.n for r in results) / len(results)
+
+
+def score_benchmark(results: list[QuestionResult], pass_k: list[int] | tuple[int, ...] = ()) -> dict[str, float]:
+    """pass@1 (avg@k), pass@k for each k every question has samples for, and sample diagnostics."""
+    n_min = min(r.n for r in results)
+    samples = sum(r.n for r in results)
+    m = {"pass@1": avg_at_k(results)}
+    for k in sorted(set(pass_k)):
+        if 1 < k <= n_min:
+            m[f"pass@{k}"] = sum(pass_at_k(r.n, r.correct, k) for r in results) / len(results)
+    m.update({
+        "samples": float(n_min),  # the k of avg@k
+        "questions": float(len(results)),
+        "response_length": sum(r.response_tokens for r in results) / samples,
+        "truncation_rate": sum(r.truncated for r in results) / samples,
+        "no_answer_rate": sum(r.reasons.get("no_answer", 0) for r in results) / samples,
+        "timeout_rate": sum(r.reasons.get("timeout", 0) for r in results) / samples,
+    })
+    return m
+
+
+def score(results: list[QuestionResult], pass_k=(), seconds: float = 0.0) -> EvalReport:
+    """Per-benchmark scores in order of first appearance, and their unweighted average (the paper's Avg.)."""
+    by_bench: dict[str, list[QuestionResult]] = {}
+    for r in results:
+        by_bench.setdefault(r.benchmark, []).append(r)
+    benchmarks = {b: score_benchmark(rs, pass_k) for b, rs in by_bench.items()}
+    average = {"pass@1": sum(m["pass@1"] for m in benchmarks.values()) / len(benchmarks)} if benchmarks else {}
+    return EvalReport(benchmarks, average, results, seconds)
+
+
+# ---- generation -----------------------------------------------------------------------------------
+def generate_and_grade(model, tokenizer, items: list[EvalItem], verify: Verify, *, samples: int = 1,
+                       temperature: float = 0.6, top_p: float = 1.0, max_new_tokens: int = 8192,
+                       max_prompt_tokens: int = 1024, batch_size: int = 64, seed: int = 0,
+                       progress: Callable[[int, int], None] | None = None, engine=None) -> list[QuestionResult]:
+    """Sample `repeats * samples` responses per item with the rollout engine and grade them.
+
+    Prompts are sorted by length so a batch pads little; each chunk of about `batch_size`
+    sequences is generated, then verified. Runs under a forked RNG seeded with `seed`. `engine`: any
+    object with the rollout engine's `generate` already set to top_p / batch_size (e.g. a training
+    run's team of processes); default: a transformers engine over `model`.
+    """
+    engine = engine or TransformersEngine(model, tokenizer, top_p=top_p, batch_size=batch_size)
+    prompts = [data.prompt_token_ids(tokenizer, it.question, max_prompt_tokens) for it in items]
+    order = sorted(range(len(items)), key=lambda i: (items[i].repeats, len(prompts[i])))
+    results: list[QuestionResult | None] = [None] * len(items)
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        done = 0
+        for chunk in _chunks(order, [items[i].repeats * samples for i in order], batch_size):
+            n = items[chunk[0]].repeats * samples
+            gens = engine.generate([prompts[i] for i in chunk], n, temperature=temperature,
+                                   max_new_tokens=max_new_tokens)
+            texts = [g.text for gs in gens for g in gs]
+            answers = [items[i].question.answer for i in chunk for _ in range(n)]
+            grades = verify(texts, answers)
+            for j, i in enumerate(chunk):
+                gs, gr = gens[j], grades[j * n:(j + 1) * n]
+                q = items[i].question
+                results[i] = QuestionResult(
+                    uid=q.uid, benchmark=items[i].benchmark, answer=q.answer, n=n,
+                    correct=sum(1 for r, _ in gr if r > 0), reasons=dict(Counter(reason for _, reason in gr)),
+                    response_tokens=sum(len(g.response_ids) for g in gs),
+                    truncated=sum(g.truncated for g in gs), example=gs[0].text)
+            done += len(chunk)
+            if progress:
+                progress(done, len(items))
+    return results  # type: ignore[return-value]
+
+
+def _chunks(order: list[int], sizes: list[int], budget: int) -> list[list[int]]:
+    """Consecutive runs of items with the same sample count, each about `budget` sequences."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    used = current_n = 0
+    for i, n in zip(order, sizes):
+        if current and (used + n > budget or n != current_n):
+            out.append(current)
+            current, used = [], 0
+        current.append(i)
+        used, current_n = used + n, n
+    if current:
+        out.append(current)
+    return out
+
+
+def evaluate_items(model, tokenizer, items: list[EvalItem], verify: Verify, *, pass_k=(), **gen) -> EvalReport:
+    """`generate_and_grade` then `score`, timed."""
+    if not items:
+        raise ValueError("nothing to evaluate: the suites hold no questions")
+    t0 = time.perf_counter()
+    results = generate_and_grade(model, tokenizer, items, verify, **gen)
+    return score(results, pass_k, seconds=time.perf_counter() - t0)
+
+
+def save_report(store, run_id: str, step: int, report: EvalReport) -> None:
+    """One `save_eval` per benchmark and one for the average (n = distinct questions)."""
+    for bench, m in report.benchmarks.items():
+        store.save_eval(run_id, step, bench, m, int(m["questions"]))
+    store.save_eval(run_id, step, AVERAGE, report.average, len(report.questions))

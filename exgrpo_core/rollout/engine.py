@@ -1,0 +1,149 @@
+"""Rollout engines: sample K responses per prompt and return `Generation` records (SPEC §1.1).
+
+The transformers engine batches `generate` over left-padded prompts and reads the sampler's own
+log-probs and entropies from the processed scores (after temperature / top-p). These are the
+*sampler's* numbers; the trainer's behaviour log-probs and H(o) come from `policy.py` (SPEC §1.3).
+The vLLM engine arrives with the scale-out issue behind the same `generate` signature.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Protocol
+
+import torch
+
+from exgrpo_core.training import fsdp
+from exgrpo_core.training.forward_parts import copied_prompt_cache
+from exgrpo_core.types import Generation
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[list[int]], n: int | list[int], *, temperature: float,
+                 max_new_tokens: int) -> list[list[Generation]]:
+        """Sample `n` responses for every prompt (or n[i] for prompts[i]); result[i] holds prompts[i]'s."""
+
+
+def sample_counts(prompts: list, n: int | list[int]) -> list[int]:
+    """Responses wanted per prompt: `n` for each, or the list itself (checked against the prompts)."""
+    if isinstance(n, int):
+        counts = [n] * len(prompts)
+    else:
+        counts = [int(c) for c in n]
+        if len(counts) != len(prompts):
+            raise ValueError(f"{len(counts)} sample counts for {len(prompts)} prompts")
+    if any(c < 1 for c in counts):
+        raise ValueError(f"every prompt needs at least one sample, got counts {counts}")
+    return counts
+
+
+class TransformersEngine:
+    """Batched sampling with `model.generate` (CPU or one GPU)."""
+
+    def __init__(self, model, tokenizer, *, top_p: float = 1.0, batch_size: int = 64):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.top_p = top_p
+        self.batch_size = batch_size
+        self.eos_ids = eos_token_ids(
+            getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.synced = False  # FSDP2: keep stepping until every process is done (forwards are collectives)
+        self.share_prefill = True  # repeated prompts: one prompt forward, its cache copied (`_shared_prefill`)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], n: int | list[int], *, temperature: float,
+                 max_new_tokens: int) -> list[list[Generation]]:
+        counts = sample_counts(prompts, n)
+        flat = [p for p, c in zip(prompts, counts) for _ in range(c)]  # one batch for all counts
+        out: list[Generation] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for i in range(0, len(flat), self.batch_size):
+                out.extend(self._generate_chunk(flat[i:i + self.batch_size], temperature, max_new_tokens))
+        finally:
+            self.model.train(was_training)
+        ends = list(itertools.accumulate(counts))
+        return [out[e - c:e] for c, e in zip(counts, ends)]
+
+    def _generate_chunk(self, prompts: list[list[int]], temperature: float,
+                        max_new_tokens: int) -> list[Generation]:
+        device = fsdp.compute_device(self.model)
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, p in enumerate(prompts):  # left padding: generation continues at the right edge
+            ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[row, width - len(p):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        res = self.model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=True, past_key_values=self._shared_prefill(ids, mask),
+            temperature=temperature, top_p=self.top_p, top_k=0, max_new_tokens=max_new_tokens,
+            pad_token_id=self.pad_id, eos_token_id=self.eos_ids, output_scores=True,
+            return_dict_in_generate=True, synced_gpus=self.synced)
+        seqs = res.sequences[:, width:].cpu()  # [n, T]
+        token_logp = torch.zeros(seqs.shape)  # [n, T]
+        ent = torch.zeros(seqs.shape)  # [n, T]
+        for t, step_scores in enumerate(res.scores):  # one [n, V] at a time: never [n, T, V] in memory
+            logp = torch.log_softmax(step_scores.float(), dim=-1).cpu()
+            token_logp[:, t] = logp.gather(-1, seqs[:, t:t + 1]).squeeze(-1)
+            ent[:, t] = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
+        return [self._record(seqs[r], token_logp[r], ent[r], max_new_tokens) for r in range(len(prompts))]
+
+    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor):
+        """The key/value cache of every row's prompt but its last token, computed once per distinct
+        prompt and copied to its repeats (K samples of a question share one prompt): `generate` then
+        starts at the last prompt token. None (plain `generate`) when no prompt repeats or the model
+        keeps no cache.
+        """
+        if not self.share_prefill or self.synced or ids.shape[1] < 2:  # synced: forwards are collectives,
+            return None  # and another process's chunk may have no repeats
+        w = ids.shape[1]
+        uniq, rows = torch.unique(torch.cat([ids, mask], 1), dim=0, return_inverse=True)  # rows [n] -> distinct
+        if uniq.shape[0] == ids.shape[0]:
+            return None
+        u_ids, m = uniq[:, :w - 1], uniq[:, w:2 * w - 1]  # [u, w-1]: all but the last column
+        position_ids = (m.long().cumsum(-1) - 1).masked_fill(m == 0, 1)  # as generate numbers the prompt
+        return copied_prompt_cache(self.model, u_ids, m, position_ids, rows)
+
+    def _record(self, seq: torch.Tensor, logp: torch.Tensor, ent: torch.Tensor,
+                max_new_tokens: int) -> Generation:
+        ids = seq.tolist()
+        length = len(ids)
+        for t, tok in enumerate(ids):
+            if tok in self.eos_ids:
+                length = t + 1  # keep the EOS: the policy is trained to stop
+                break
+        truncated = length == len(ids) and (length == 0 or ids[length - 1] not in self.eos_ids)
+        truncated = truncated and len(ids) >= max_new_tokens
+        ids = ids[:length]
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Generation(response_ids=ids, logprobs=logp[:length].tolist(), text=text,
+                          truncated=truncated, entropies=ent[:length].tolist())
+
+
+def weight_chunks(named, max_bytes: int, prepare=lambda t: t):
+    """Group a stream of (name, tensor) into lists of at most `max_bytes` (a larger tensor goes
+    alone), each tensor passed through `prepare` first (e.g. to the receiver's dtype)."""
+    chunk, size = [], 0
+    for name, p in named:
+        t = prepare(p.detach())
+        if chunk and size + t.numel() * t.element_size() > max_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, t))
+        size += t.numel() * t.element_size()
+    if chunk:
+        yield chunk
+
+
+def eos_token_ids(generation_eos, tokenizer) -> list[int]:
+    """All ids that end a response: the model's generation-config EOS (an id or a list) plus the tokenizer's."""
+    ids: list[int] = []
+    for x in (generation_eos if isinstance(generation_eos, list) else [generation_eos]) + [tokenizer.eos_token_id]:
+        if x is not None and x not in ids:
+            ids.append(int(x))
+    if not ids:
+        raise ValueError("tokenizer has no eos_token_id; the rollout engine cannot detect the end of a response")
+    return ids

@@ -1,0 +1,116 @@
+"""FSDP2 (`train.sharding=fsdp2`): parameters, gradients and AdamW state sharded over the processes.
+
+Each decoder layer and then the whole model become `fully_shard` units on a 1-D mesh of all
+processes (gloo on CPU, NCCL on GPU). With sharded parameters every forward pass is a collective, so
+callers make every process run the same number of passes (team.py pads shares, optimise.py pads
+micro-batches with zero-weight rows). Checkpoints gather the full weights on rank 0 (an ordinary
+Hugging Face folder) or, with run.checkpoint_weights=sharded, each process writes its weight shard;
+each process always writes its own optimiser shard (torch.distributed.checkpoint). On resume every
+process loads the weights, re-shards them and reads its optimiser shard.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from exgrpo_core.training import distributed as D
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The model's stack of decoder layers (the largest ModuleList), sharded one unit per layer."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    if not lists:
+        raise ValueError(f"{type(model).__name__} has no ModuleList of decoder layers to shard with FSDP2")
+    return max(lists, key=len)
+
+
+def shard_model(model: nn.Module, device: torch.device, bf16: bool, cpu_offload: bool = False) -> nn.Module:
+    """Apply FSDP2 in place: one unit per decoder layer, then the root (embeddings, norm, head).
+    `cpu_offload`: the shards (and so their gradients and optimiser state) live in CPU memory and are
+    copied to `device` for each unit's forward and backward."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    if not dist.is_initialized():  # one process (e.g. one GPU): FSDP2 still needs a process group
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(),
+                                rank=0, world_size=1)
+    mesh = init_device_mesh(device.type, (D.topology().world,))
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+              else MixedPrecisionPolicy())
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
+    if not cpu_offload:
+        model.to(device)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy, offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload)
+    model.exgrpo_compute_device = device  # with offload the parameters' device is not where inputs go
+    return model
+
+
+def compute_device(model: nn.Module) -> torch.device:
+    """Where the model's inputs go: its parameters' device, or the device FSDP2 copies offloaded shards to."""
+    device = getattr(model, "exgrpo_compute_device", None)
+    return device if device is not None else next(model.parameters()).device
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def full_model_state(model: nn.Module) -> dict:
+    """The full (unsharded, CPU) model state dict on rank 0; every process must call this."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each named parameter as one whole tensor, one at a time (FSDP2: all-gathered on every process,
+    so every process must walk the whole iterator; memory stays one tensor, not the model)."""
+    for name, p in model.named_parameters():
+        t = p.detach()
+        yield name, t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def save_model_shards(model: nn.Module, folder: str) -> None:
+    """Each process writes its own weight shard into `folder` (every process must call this)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    dcp.save(get_model_state_dict(model), checkpoint_id=folder)
+
+
+def save_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str) -> None:
+    """Each process writes its optimiser shard into `folder` (every process must call this)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=folder)
+
+
+def load_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str) -> None:
+    """Read this process's optimiser shard from `folder` (every process must call this)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the layout to fill, states initialised
+    dcp.load(state, checkpoint_id=folder)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a full optimiser state dict (a checkpoint written without sharding) into this process's shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = [n for n, _ in model.named_parameters()]  # torch's own state dict keys parameters by index
+    if any(isinstance(k, int) for k in state.get("state", {})) or any(
+            isinstance(p, int) for g in state.get("param_groups", []) for p in g["params"]):
+        state = {"state": {names[k]: v for k, v in state["state"].items()},
+                 "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

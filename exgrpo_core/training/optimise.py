@@ -1,0 +1,127 @@
+"""One training step over a `TrainBatch`: mini-batches, micro-batch accumulation, clipping, skipping.
+
+The loss terms are chosen once by the caller (SPEC §1.3) and passed in; this module only runs
+forward / backward through Accelerate. The denominator is built per mini-batch so accumulation over
+micro-batches is exact. (code) an optimiser step whose gradient norm exceeds `skip_grad_norm` is
+skipped and counted.
+With several processes (`shard=(rank, world)`) each takes a share of every mini-batch's rows; the
+denominator is the whole mini-batch's, gradients are summed over processes before clipping, so the
+step equals the one-process step up to float rounding, whatever the shares' sizes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import defaultdict
+from typing import Callable
+
+import torch
+
+from exgrpo_core.training import distributed as D, policy
+from exgrpo_core.algorithm import losses
+from exgrpo_core.training.batch import micro_batch_rows, minibatch_rows, select_rows, share_rows
+from exgrpo_core.types import TrainBatch
+
+
+def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches: int,
+             micro_batch_size: int, onpolicy_term: Callable, replay_term: Callable,
+             aggregation: str, max_response_len: int, entropy_coef: float, kl_coef: float,
+             ref_model, max_grad_norm: float, skip_grad_norm: float | None,
+             temperature: float = 1.0, micro_batch_tokens: int | None = None,
+             shard: tuple[int, int] = (0, 1), sharded: bool = False, share_prompts: bool = True) -> dict[str, float]:
+    """Run `n_minibatches` optimiser steps over the batch; return averaged detached stats."""
+    rank, world = shard
+    model.train()
+    sums: dict[str, float] = defaultdict(float)
+    maxes: dict[str, float] = defaultdict(float)
+    steps = skipped = 0
+    norms = 0.0
+    for rows in minibatch_rows(batch.meta["question_index"], n_minibatches):
+        mini = select_rows(batch, rows)
+        denom = (losses.token_mean_denominator(mini.response_mask) if aggregation == "token_mean"
+                 else losses.seq_sum_norm_denominator(len(rows), max_response_len))
+        optimizer.zero_grad(set_to_none=True)
+        part = select_rows(mini, share_rows(mini, rank, world)) if world > 1 else mini
+        micros: list[list[int] | None] = list(micro_batch_rows(part, micro_batch_size, micro_batch_tokens))
+        if sharded:  # FSDP2: the same number of passes everywhere; padding passes train nothing
+            micros += [None] * (int(D.all_reduce_max(float(len(micros)))) - len(micros))
+        with _local_grads(model, 1 if sharded else world):
+            for i, micro_rows in enumerate(micros):
+                micro = select_rows(part, micro_rows) if micro_rows is not None else select_rows(mini, [0])
+                loss, stats = _micro_loss(model, micro, denom, onpolicy_term, replay_term,
+                                          entropy_coef, kl_coef, ref_model, micro_batch_size, temperature,
+                                          share_prompts)
+                if sharded:  # reduce-scatter once, after the last pass; FSDP2 averages, we want the sum
+                    model.set_requires_gradient_sync(i == len(micros) - 1)
+                    loss = loss * world
+                accelerator.backward(loss if micro_rows is not None else loss * 0.0)
+                if micro_rows is None:
+                    continue
+                for k, v in stats.items():
+                    if k == "loss/iw_max":
+                        maxes[k] = max(maxes[k], v)
+                    elif k.endswith("_tokens") or k in _ADDITIVE:
+                        sums[k] += v
+                    else:  # a mean over the micro-batch's tokens of its kind: weight by that count
+                        sums[k] += v * stats[_WEIGHT_BY.get(k, "loss/onpolicy_tokens")]
+        if world > 1 and not sharded:
+            D.all_reduce_grads(model.parameters())
+        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
+        if skip_grad_norm is not None and (grad_norm > skip_grad_norm or not math.isfinite(grad_norm)):
+            skipped += 1
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            optimizer.step()
+        norms += grad_norm
+        steps += 1
+    optimizer.zero_grad(set_to_none=True)
+    if world > 1:  # every process's sums and maxes, the same on all of them
+        sums = D.all_reduce_sums(sums, D.all_keys(list(sums)))
+        maxes = {k: D.all_reduce_max(maxes.get(k, 0.0)) for k in D.all_keys(list(maxes))}
+    sums["loss/grad_norm"] = norms
+    out: dict[str, float] = {}
+    for k, v in sums.items():
+        if k == "loss/grad_norm" or k in _ADDITIVE:
+            out[k] = v / max(steps, 1)  # mean over optimiser steps
+        elif k.endswith("_tokens"):
+            out[k] = v
+        else:
+            out[k] = v / max(sums[_WEIGHT_BY.get(k, "loss/onpolicy_tokens")], 1.0)  # token-weighted mean
+    out.update(maxes)
+    out["loss/skipped_steps"] = float(skipped)
+    out["loss/optimizer_steps"] = float(steps)
+    return out
+
+
+def _local_grads(model, world: int):
+    """Accumulate this process's gradients without DDP's per-backward all-reduce (summed once per step)."""
+    return model.no_sync() if world > 1 and hasattr(model, "no_sync") else contextlib.nullcontext()
+
+
+# Means over replayed tokens; the rest (clipfrac) are means over on-policy tokens.
+_WEIGHT_BY = {"loss/iw_mean": "loss/replay_tokens", "loss/iw_var": "loss/replay_tokens",
+              "loss/shaped_iw_mean": "loss/replay_tokens"}
+# Loss parts whose micro-batch values add up to the mini-batch value (shared denominator).
+_ADDITIVE = ("loss/total", "loss/onpolicy", "loss/offpolicy", "loss/entropy", "loss/kl")
+
+
+def _micro_loss(model, micro: TrainBatch, denom, onpolicy_term, replay_term, entropy_coef,
+                kl_coef, ref_model, micro_batch_size, temperature, share_prompts=True):
+    """Forward one micro-batch and build the mixed-policy loss (ExGRPO Eq. 4, code weighting)."""
+    logp, ent = policy.token_logprobs_and_entropy(
+        model, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size,
+        with_entropy=entropy_coef > 0, temperature=temperature, score_mask=micro.response_mask,
+        share_prompts=share_prompts)
+    ref_logp = None
+    if kl_coef > 0 and ref_model is not None:
+        with torch.no_grad():
+            ref_logp, _ = policy.token_logprobs_and_entropy(
+                ref_model, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size,
+                with_entropy=False, temperature=temperature, score_mask=micro.response_mask,
+                share_prompts=share_prompts)
+    return losses.mixed_policy_loss(
+        logp, micro.old_logprobs, micro.advantages, micro.response_mask, micro.is_replay,
+        onpolicy_term=onpolicy_term, replay_term=replay_term, denominator=denom,
+        entropy_tok=ent, entropy_coef=entropy_coef, ref_logp=ref_logp, kl_coef=kl_coef,
+        onpolicy_weight=micro.tis_weights)

@@ -1,0 +1,195 @@
+"""Trainer-side forward: per-token log-probs and full-distribution entropies, and H(o) (SPEC §1.1).
+
+Position t holds log p(x_t | x_<t) and the entropy of the distribution that predicted x_t; a row's
+first real token gets 0. Right and left padding are both handled (position ids from the attention
+mask). H(o) averages over the response's own tokens only; the authors' code appears to include
+padding in that mean, which biases it toward short trajectories. No optimiser, no loss here.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from exgrpo_core.training import fsdp
+from exgrpo_core.training.forward_parts import (can_share_prompts, head_at, shared_prompt_logits,
+                                        takes_logits_to_keep)
+
+
+class PolicyInputError(ValueError):
+    """Inputs the forward pass cannot score (shape mismatch, holes in the attention mask, ...)."""
+
+
+def _check_inputs(input_ids, attention_mask, micro_batch_size, temperature, chunk_positions) -> None:
+    if input_ids.dim() != 2 or tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise PolicyInputError(f"input_ids and attention_mask must both be [N, L], got "
+                               f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}")
+    if micro_batch_size < 1 or chunk_positions < 1:
+        raise PolicyInputError(f"micro_batch_size and chunk_positions must be >= 1, got "
+                               f"{micro_batch_size} and {chunk_positions}")
+    if not temperature > 0:
+        raise PolicyInputError(f"temperature must be > 0, got {temperature}")
+    m = (attention_mask != 0).int()
+    starts = (m[:, :1] + (m[:, 1:] - m[:, :-1]).clamp(min=0).sum(-1, keepdim=True)).squeeze(-1)  # [N]
+    if (starts > 1).any():
+        row = int(torch.nonzero(starts > 1)[0, 0])
+        raise PolicyInputError(f"attention_mask row {row} has holes; only left or right padding "
+                               "(one contiguous run of real tokens) is supported")
+
+
+def _block_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                  with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(target) and H for one contiguous block of positions: logits [c, V], targets [c]."""
+    x = logits.float()  # [c, V]; the only float copy of this block
+    if temperature != 1.0:
+        x = x / temperature
+    log_z = torch.logsumexp(x, dim=-1)  # [c]
+    logp = x.gather(-1, targets[:, None]).squeeze(-1) - log_z  # [c]
+    if not with_entropy:
+        return logp, None
+    # H = -sum p log p = log Z - sum p x   (p = softmax(x))
+    return logp, log_z - (torch.softmax(x, dim=-1) * x).sum(-1)
+
+
+def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: bool, temperature: float,
+                   chunk_positions: int, want: torch.Tensor | None,
+                   share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Score one micro-batch [n, L]; columns that are padding in every row are skipped.
+
+    Only positions that are scored (real, not a row's first token, and in `want` when given) reach the
+    vocabulary: the output head runs on those positions' hidden states only (`forward_parts.head_at`;
+    otherwise logits start at the first such column through `logits_to_keep`, when the model takes it)
+    and the softmax runs over those positions only, `chunk_positions` at a time across all rows. Rows
+    that share a prompt run it once (`forward_parts.shared_prompt_logits`) when `share_prompts`.
+    """
+    n, width = ids.shape
+    cols = torch.nonzero(am.any(dim=0)).flatten()
+    if cols.numel() < 2:  # nothing is predicted from a single column
+        zeros = torch.zeros(n, width, device=ids.device)
+        return zeros, (zeros.clone() if with_entropy else None)
+    lo, hi = int(cols[0]), int(cols[-1]) + 1
+    ids, am = ids[:, lo:hi], am[:, lo:hi]  # [n, l]
+    valid = (am[:, 1:] != 0) & (am[:, :-1] != 0)  # [n, l-1]; a row's first real token is not predicted
+    if want is not None:
+        valid = valid & (want[:, lo + 1:hi] != 0)
+    targets_at = torch.nonzero(valid.any(dim=0)).flatten()
+    first = int(targets_at[0]) if targets_at.numel() else hi - lo - 2  # first logit column needed
+    rows, pos = torch.nonzero(valid[:, first:], as_tuple=True)  # [M] each: the scored positions
+    targets = ids[rows, first + pos + 1]  # [M]
+    flat = (shared_prompt_logits(model, ids, am, rows, first + pos)
+            if share_prompts and rows.numel() and can_share_prompts(model) else None)  # [M, V] or None
+    if flat is None:
+        position_ids = (am.long().cumsum(-1) - 1).clamp(min=0)  # [n, l]; real tokens count from 0
+        with head_at(model, rows, first + pos, (n, hi - lo)) as tap:
+            keep = not tap.armed and takes_logits_to_keep(model)  # the hook wants the full [n, l, H] states
+            kwargs = {"logits_to_keep": hi - lo - first} if keep else {}
+            logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids, use_cache=False,
+                           **kwargs).logits  # [1, M, V] through the head hook, else [n, l - first, V] (or [n, l, V])
+        if tap.hit:
+            flat = logits[0]
+        else:
+            logits = logits[:, logits.shape[1] - (hi - lo - first):]  # column j predicts ids[:, first + j + 1]
+
+    def block(s: int) -> torch.Tensor:  # [c, V]: the logits of scored positions s .. s + c
+        if flat is not None:  # [M, V], entry i scores (rows[i], pos[i])
+            return flat[s:s + chunk_positions]
+        return logits[rows[s:s + chunk_positions], pos[s:s + chunk_positions]]
+
+    valid = valid[:, first:]  # [n, l-1-first]
+    pieces = [_block_scores(block(s), targets[s:s + chunk_positions], temperature, with_entropy)
+              for s in range(0, rows.numel(), chunk_positions)]
+    pad = (lo + 1 + first, width - hi)
+
+    def place(values: list[torch.Tensor]) -> torch.Tensor:
+        x = torch.zeros(valid.shape, dtype=torch.float32, device=ids.device)  # [n, l-1-first]
+        if values:
+            x = x.index_put((rows, pos), torch.cat(values))
+        else:  # nothing scored: zeros that still reach the graph, so backward() works
+            x = x + (flat if flat is not None else logits).sum().float() * 0.0
+        return F.pad(x, pad)  # [n, L]
+
+    return place([p[0] for p in pieces]), (place([p[1] for p in pieces]) if with_entropy else None)
+
+
+def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                               micro_batch_size: int, with_entropy: bool = True, temperature: float = 1.0,
+                               chunk_positions: int = 1024, score_mask: torch.Tensor | None = None,
+                               share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log pi(x_t | x_<t) and entropy H_t = -sum_v pi(v | x_<t) log pi(v | x_<t) (SPEC §1.1).
+
+    Runs under the caller's grad mode (with grad for the loss, `torch.no_grad()` for selection).
+    Memory: one micro-batch of rows at a time; apart from the model's logits [n, l, V] (from the
+    first scored column on), float temporaries are at most [chunk_positions, V] (logsumexp trick:
+    H = log Z - sum softmax * logits).
+
+    Args:
+        model: causal LM returning `.logits` [n, l, V], called with input_ids, attention_mask, position_ids.
+        input_ids: [N, L] token ids, right- or left-padded.
+        attention_mask: [N, L], 1 on real tokens (one contiguous run per row).
+        micro_batch_size: rows per forward pass.
+        with_entropy: also return entropies (skip to save the softmax).
+        temperature: logits are divided by it (behaviour log-probs use 1.0).
+        chunk_positions: positions scored per softmax block (across the micro-batch's rows).
+        score_mask: [N, L], optional: only these positions are scored (e.g. the response mask), the
+            others are returned as 0 and their vocabulary softmax is never computed.
+        share_prompts: rows of a micro-batch whose tokens before their first scored position agree
+            run those tokens once (`forward_parts.shared_prompt_logits`); same values up to rounding.
+
+    Returns:
+        logp [N, L] float32 and entropy [N, L] float32 (or None); 0 at padding, at each row's
+        first real token and outside `score_mask`.
+    """
+    _check_inputs(input_ids, attention_mask, micro_batch_size, temperature, chunk_positions)
+    if score_mask is not None and tuple(score_mask.shape) != tuple(input_ids.shape):
+        raise PolicyInputError(f"score_mask must be [N, L] = {tuple(input_ids.shape)}, got {tuple(score_mask.shape)}")
+    device = fsdp.compute_device(model)
+    n = input_ids.shape[0]
+    if n == 0:
+        empty = torch.zeros(0, input_ids.shape[1], device=device)
+        return empty, (empty.clone() if with_entropy else None)
+    # rows of similar length share a forward, so less padding is computed; outputs keep the input order
+    order = torch.argsort(attention_mask.sum(-1), stable=True) if n > micro_batch_size else torch.arange(n)
+    logps, ents = [], []
+    for start in range(0, n, micro_batch_size):
+        rows = order[start:start + micro_batch_size]
+        want = score_mask[rows].to(device) if score_mask is not None else None
+        lp, h = _micro_forward(model, input_ids[rows].to(device), attention_mask[rows].to(device),
+                               with_entropy, temperature, chunk_positions, want, share_prompts)
+        logps.append(lp)
+        ents.append(h)
+    back = torch.argsort(order).to(device)  # [N]: position of each input row in the sorted output
+
+    def restore(parts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(parts).index_select(0, back) if n > micro_batch_size else torch.cat(parts)
+
+    return restore(logps), (restore(ents) if with_entropy else None)
+
+
+def _response_mean(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    if tuple(values.shape) != tuple(response_mask.shape) or values.dim() != 2:
+        raise PolicyInputError(f"token values and response_mask must both be [N, L], got "
+                               f"{tuple(values.shape)} and {tuple(response_mask.shape)}")
+    keep = response_mask != 0  # [N, L]
+    total = torch.where(keep, values, torch.zeros_like(values)).sum(-1)  # [N]
+    return total / keep.sum(-1).clamp(min=1).to(values.dtype)
+
+
+def trajectory_entropy(entropy_tok: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """ExGRPO trajectory entropy H(o) = (1/|o|) sum_{t in o} H_t over the response's own tokens.
+
+    Prompt and padding positions are excluded whatever their values; an empty response gives 0.
+
+    Example: entropies [[9, 1, 2, 5]] with response mask [[0, 1, 1, 0]] -> [1.5].
+
+    Args:
+        entropy_tok: [N, L] per-token entropies; response_mask: [N, L] True on response tokens.
+
+    Returns:
+        [N] H(o) per row.
+    """
+    return _response_mean(entropy_tok, response_mask)
+
+
+def trajectory_nll(logp_tok: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Mean NLL -(1/|o|) sum_{t in o} log pi(o_t) (paper Algorithm 1; the `nll` ablation). [N, L] -> [N]."""
+    return _response_mean(-logp_tok, response_mask)
