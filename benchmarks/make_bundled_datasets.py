@@ -5,11 +5,14 @@
 tiny-arith: every "a+b" with a+b <= 9 plus nine "a-b", for the tiny char-level preset.
 arith-easy(-test): mixed-difficulty arithmetic for the CPU demo, 240 train / 80 test (mix from calibrate_cpu_demo.py).
 gsm8k-easy(-test): the shortest 1-2 step GSM8K problems (MIT, OpenAI), train from train.jsonl, test from test.jsonl.
+exgrpo-eval-ood.parquet: the `ood` evaluation suite, the authors' ARC-c and GPQA-Diamond verl rows (--ood folder)
+unchanged, in one zstd-compressed file (checked against the sources' sha256 and read back row by row).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -85,6 +88,32 @@ def gsm8k_easy(path: Path, n: int, prefix: str) -> list[dict]:
             for i, (steps, _, index, row, _) in enumerate(chosen)]
 
 
+# The authors' OOD files (ExGRPO / LUFFY repository, data/valid.arc_c.parquet and data/valid.gpqa.parquet), in order.
+OOD_SOURCES = {
+    "arc_c.parquet": "7c3d1df8f11ade8be258ee0b0c7bbd6ac9a8e535dee3dbb3b5410f974f0d8fe5",
+    "gpqa_diamond.parquet": "55bde3943eeb6906d6d569d0ab882638c2f395a716ab5fa1fa20a186e722e58b",
+}
+OOD_FILE = "exgrpo-eval-ood.parquet"
+
+
+def ood_suite(folder: Path) -> None:
+    """Concatenate the OOD files' rows unchanged into OUT/OOD_FILE (zstd; the pandas index metadata dropped)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = []
+    for name, sha256 in OOD_SOURCES.items():
+        digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        if digest != sha256:
+            raise SystemExit(f"{folder / name}: sha256 {digest} is not the authors' file ({sha256})")
+        tables.append(pq.read_table(folder / name))
+    table = pa.concat_tables(tables).replace_schema_metadata(None)
+    pq.write_table(table, OUT / OOD_FILE, compression="zstd", compression_level=19)
+    if pq.read_table(OUT / OOD_FILE).to_pylist() != [r for t in tables for r in t.to_pylist()]:
+        raise SystemExit(f"{OUT / OOD_FILE}: rows read back differ from the sources")
+    print(f"wrote {OUT / OOD_FILE} ({table.num_rows} rows)")
+
+
 def _write(name: str, rows: list[dict]) -> None:
     with open(OUT / f"{name}.jsonl", "w", encoding="utf-8") as f:
         for row in rows:
@@ -95,6 +124,8 @@ def _write(name: str, rows: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gsm8k", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/gsm8k")
+    parser.add_argument("--ood", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/ood",
+                        help="folder with the authors' arc_c.parquet and gpqa_diamond.parquet")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     _write("tiny-arith", tiny_arith())
@@ -103,6 +134,7 @@ def main() -> None:
     _write("arith-easy-test", test)
     _write("gsm8k-easy", gsm8k_easy(args.gsm8k / "train.jsonl", 300, "gsm8k-easy"))
     _write("gsm8k-easy-test", gsm8k_easy(args.gsm8k / "test.jsonl", 100, "gsm8k-easy-test"))
+    ood_suite(args.ood)
 
 
 if __name__ == "__main__":
