@@ -1,10 +1,14 @@
-"""Rule-based reward r in {0, 1} (SPEC §1.1): final-answer extraction + math-verify equivalence.
+"""Rule-based reward r in {0, 1} (SPEC §1.1): final-answer extraction + math-verify equivalence, and the
+final choice letter for multiple-choice rows.
 
 `grade` is the pure rule: last `\\boxed{...}` (else the last number / fraction) of the response,
 parsed and compared with the gold by math-verify; model output is parsed, never executed.
 `MathVerifier` runs `grade` in worker processes (forkserver/spawn, never fork: callers hold torch
 threads) so that a per-item timeout can kill a hung sympy call; math-verify's own signal alarms work
 only in a main thread and are switched off here. (code) requires a `<think>` block: `require_think`.
+Multiple-choice rows (the OOD benchmarks, by `data_source` or a reward style: `grader_for`) are graded
+by `grade_choice`, regular expressions over the text in the calling process; `grade_rows` sends each
+row to its grader. Neither grader ever executes model output.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import weakref
 from collections import deque
 from multiprocessing.connection import wait
 
-REASONS = ("correct", "wrong", "no_answer", "no_think", "timeout", "error")
+REASONS = ("correct", "wrong", "no_answer", "ambiguous", "no_think", "timeout", "error")
 TEST_HOOKS_ENV = "EXGRPO_VERIFY_TEST_HOOKS"
 """When "1" at MathVerifier construction, a response containing `_test_sleep(SECONDS)` makes the
 worker sleep that long before grading it: the only way tests can hit a real timeout deterministically."""
@@ -272,3 +276,178 @@ class MathVerifier:
         self._workers[w] = self._spawn()  # in place: the finalizer holds this same list
         if rest:
             self._send(w, rest, items)
+
+
+# ---- multiple choice ------------------------------------------------------------------------------
+CHOICE_SOURCES = frozenset({"arc_c", "gpqa", "gpqa_diamond", "mmlu_pro"})
+"""verl `data_source` values graded by their final choice letter (ExGRPO Table 1's OOD benchmarks)."""
+GRADERS = ("math", "choice")
+
+# Where a choice is announced: "answer is", "Answer:", "the correct option is", "choice would be".
+_CUE = re.compile(r"(?i:\banswer\s*[:=]|\b(?:answer|option|choice)\s*(?:is|would\s+be|should\s+be|will\s+be)\b)")
+# "Option C is correct" / "choice (B) is the right one" (the label comes before the verdict).
+_VERDICT = re.compile(r"(?i:\b(?:option|choice))\s+\(?([A-Ja-j]|[1-9])\)?\s+is\s+(?:the\s+)?"
+                      r"(?i:correct|right|best)\b")
+_WORD = re.compile(r"(?i:option|choice)[ \t]+")
+_SEP = re.compile(r"[ \t]*(?:,|/|&|\bor\b|\band\b)")
+_TAIL_ONLY = re.compile(r"[ \t*_$.)\]]*(?:\n|$)")
+_PRONOUN = re.compile(r"[ \t]+[a-z]")
+_DECIMAL = re.compile(r"\.\d")
+_MARKUP = re.compile(r"\\(?:text|textbf|mathrm|mathbf|rm|bf)\s*\{([^{}]*)\}")
+_LEAD = " \t*_$:"
+_BOX_CONTENT = re.compile(r"((?:[^{}]|\{[^{}]*\})*)\}")
+"""A choice box's content, one level of inner braces (\\text{C}); read at most _BOX_CHARS characters."""
+_BOX_CHARS = 300
+
+
+def grader_for(source: str, style: str = "") -> str:
+    """The grader of one row: its reward style when that names one ("math", "choice"), else by data_source.
+
+    Example: ("arc_c", "rule") -> "choice"; ("math", "") -> "math"; ("my_quiz", "choice") -> "choice".
+    """
+    style = (style or "").strip().lower()
+    if style in GRADERS:
+        return style
+    return "choice" if source in CHOICE_SOURCES else "math"
+
+
+def _read_label(text: str, pos: int, digits: bool) -> tuple[str, int] | None:
+    """(label, end) of a choice written at `pos` ("**(C)**", "option B", "c" ending its line), else None.
+
+    Skips markup and at most one line break first. No label: a letter inside a word ("Apparently"),
+    a lowercase letter that can be an article ("a mixture"), the pronoun "I think", "25", "2.5".
+    """
+    n, newline = len(text), False
+    while pos < n and (text[pos] in _LEAD or (text[pos] == "\n" and not newline)):
+        newline |= text[pos] == "\n"
+        pos += 1
+    if word := _WORD.match(text, pos):
+        pos = word.end()
+    opened = pos < n and text[pos] in "(["
+    pos += opened
+    while pos < n and text[pos] in " \t":
+        pos += 1
+    if pos >= n or not (text[pos].isdigit() if digits else text[pos] in "ABCDEFGHIJabcdefghij") or text[pos] == "0":
+        return None
+    label, after = text[pos], pos + 1
+    if text[after:after + 1].isalnum() or (digits and _DECIMAL.match(text, after)):
+        return None
+    end = after
+    while end < n and text[end] in " \t":
+        end += 1
+    closed = end < n and text[end] in ")]"
+    end = end + 1 if closed else after
+    if label.islower() and not (opened and closed) and not _TAIL_ONLY.match(text, after):
+        return None
+    if label == "I" and not closed and _PRONOUN.match(text, after):
+        return None
+    return label.upper(), end
+
+
+def _labels_at(text: str, pos: int, digits: bool) -> list[str]:
+    """The labels announced from `pos`: one, or several joined by "," "/" "&" "or" "and" (then ambiguous)."""
+    labels: list[str] = []
+    while read := _read_label(text, pos, digits):
+        labels.append(read[0])
+        sep = _SEP.match(text, read[1])
+        if sep is None:
+            break
+        pos = sep.end()
+    return labels
+
+
+def _announcements(text: str, digits: bool) -> list[tuple[int, set[str]]]:
+    """(position, labels) of every announced choice, in text order."""
+    found = []
+    for cue in _CUE.finditer(text):
+        if labels := _labels_at(text, cue.end(), digits):
+            found.append((cue.start(), set(labels)))
+    for box in _BOX.finditer(text):
+        inside = _BOX_CONTENT.match(text, box.end(), box.end() + _BOX_CHARS)
+        if inside is None:
+            continue
+        content = _MARKUP.sub(r"\1", inside.group(1)).strip()
+        if not digits and re.fullmatch(r"[A-J]{2,}", content):
+            found.append((box.start(), set(content)))  # \boxed{AC}
+        elif labels := _labels_at(content, 0, digits):
+            found.append((box.start(), set(labels)))
+    for verdict in _VERDICT.finditer(text):
+        if verdict.group(1).isdigit() == digits:
+            found.append((verdict.start(), {verdict.group(1).upper()}))
+    return sorted(found, key=lambda f: f[0])
+
+
+def extract_choice(text: str, digits: bool = False) -> tuple[str | None, str]:
+    """The response's final choice: (label, "ok"), or (None, "ambiguous") / (None, "no_answer").
+
+    The last announcement decides ("ANSWER: C", "\\boxed{C}", "the answer is (C)", "Option C is correct"),
+    so a corrected answer counts; it is ambiguous when it names two labels ("A or B", "\\boxed{A, C}")
+    or its line announces another ("\\boxed{A} or \\boxed{B}"). With no announcement, a last line
+    holding only a label ("C", "(C).", "**C**") counts. Letters A-J in either case (lowercase only where
+    it cannot be an article: "(c)", "answer: c" ending its line); digits 1-9 instead when `digits`
+    (ARC-c's questions with options labelled 1-4).
+    """
+    found = _announcements(text, digits)
+    if found:
+        last = found[-1][0]
+        line_start = text.rfind("\n", 0, last) + 1
+        line_end = text.find("\n", last) % (len(text) + 1)  # -1 (no newline) -> len(text)
+        labels = set().union(*(ls for pos, ls in found if line_start <= pos <= line_end))
+        return (labels.pop(), "ok") if len(labels) == 1 else (None, "ambiguous")
+    last_line = text.rstrip().rsplit("\n", 1)[-1].strip().strip("*_#>`$ ")
+    bare = re.fullmatch(r"\(?([A-Ja-j]|[1-9])\)?\.?", last_line)
+    if bare and bare.group(1).isdigit() == digits:
+        return bare.group(1).upper(), "ok"
+    return None, "no_answer"
+
+
+def grade_choice(response: str, answer: str, *, require_think: bool = False) -> tuple[float, str]:
+    """Multiple-choice reward: 1.0 when the final choice (`extract_choice`) is the gold label, else 0.0.
+
+    Args:
+        response: the model's text (never executed; regular expressions only).
+        answer: the gold label, "C" (or "(C)", "c"), or a digit for questions labelled 1-4.
+        require_think: as `grade`: demand a `<think>...</think>` block and read only what follows it.
+
+    Returns:
+        (reward, reason), reason in "correct", "wrong", "no_answer", "ambiguous", "no_think", "error"
+        (the gold is no label: a data problem).
+    """
+    gold = answer.strip().strip("()[]. ").upper()
+    if not re.fullmatch(r"[A-Z]|[1-9]", gold):
+        return 0.0, "error"
+    if require_think:
+        think = _THINK.search(response)
+        if think is None:
+            return 0.0, "no_think"
+        response = response[think.end():]
+    choice, how = extract_choice(response, digits=gold.isdigit())
+    if choice is None:
+        return 0.0, how
+    return (1.0, "correct") if choice == gold else (0.0, "wrong")
+
+
+def grade_rows(verify, responses: list[str], answers: list[str], graders: list[str], *,
+               require_think: bool = False) -> list[tuple[float, str]]:
+    """Grade each response with its row's grader: "choice" rows here, the others in one `verify` call.
+
+    Args:
+        verify: the math verifier, `(responses, answers) -> [(reward, reason)]` (e.g. MathVerifier.verify).
+        graders: per row, "math" or "choice" (`grader_for`).
+        require_think: for the choice rows (the math verifier carries its own setting).
+    """
+    if not len(responses) == len(answers) == len(graders):
+        raise ValueError(f"grade_rows got {len(responses)} responses, {len(answers)} answers, {len(graders)} graders")
+    unknown = set(graders) - set(GRADERS)
+    if unknown:
+        raise ValueError(f"unknown graders {sorted(unknown)}; use one of {GRADERS}")
+    out: list[tuple[float, str] | None] = [None] * len(responses)
+    math_rows = [i for i, g in enumerate(graders) if g == "math"]
+    for i, g in enumerate(graders):
+        if g == "choice":
+            out[i] = grade_choice(responses[i], answers[i], require_think=require_think)
+    if math_rows:
+        graded = verify([responses[i] for i in math_rows], [answers[i] for i in math_rows])
+        for i, result in zip(math_rows, graded):
+            out[i] = result
+    return out  # type: ignore[return-value]

@@ -112,4 +112,4 @@ def test_verifier_rejects_bad_arguments(hooked_verifier):
 
 
 def test_reasons_are_declared():
-    assert {"correct", "wrong", "no_answer", "no_think", "timeout", "error"} == set(REASONS)
+    assert {"correct", "wrong", "no_answer", "ambiguous", "no_think", "timeout", "error"} == set(REASONS)
