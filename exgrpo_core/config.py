@@ -231,9 +231,10 @@ class EvalConfig(_Section):
     final: bool = False
     """Evaluate once more at the end of training (skipped when the periodic one just ran)."""
     suites: list[str] = []
-    """Datasets to evaluate on: named suites (`paper`, `paper-valid`, `gsm8k`), `bundled:NAME`,
-    .jsonl / .parquet paths or `hf:NAME`. Empty: `data.eval_path`. Each row's source (verl
-    `data_source`) is a benchmark; repeated rows of one question are one question sampled more."""
+    """Datasets to evaluate on: named suites (`paper`, `paper-valid`, `gsm8k`, `ood`, `mmlu-pro` from
+    the hub), `bundled:NAME`, .jsonl / .parquet paths or `hf:NAME`. Empty: `data.eval_path`. Each
+    row's source (verl `data_source`) is a benchmark; repeated rows of one question are one question
+    sampled more; multiple-choice sources (ARC-c, GPQA, MMLU-Pro) are graded by the final letter."""
     samples: int = Field(default=1, ge=1)
     """Responses per row; a question repeated r times in the file gets r * samples (pass@1 as avg@k)."""
     temperature: float = Field(default=0.6, gt=0)

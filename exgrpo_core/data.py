@@ -153,7 +153,8 @@ def _to_question(row: dict, where: str, default_uid: str, name: str, question_ke
     if isinstance(row.get("prompt"), list) and isinstance(row.get("reward_model"), dict):
         messages = _verl_messages(row["prompt"], where)
         answer = _answer_text(row["reward_model"].get("ground_truth"), where, "reward_model.ground_truth")
-        return Question(uid, messages, answer, str(row.get("data_source") or name))
+        return Question(uid, messages, answer, str(row.get("data_source") or name),
+                        str(row["reward_model"].get("style") or ""))
     question = row.get(question_key)
     if not isinstance(question, str) or not question.strip():
         raise DataError(f"{where}: missing or empty question field {question_key!r}")
@@ -162,7 +163,7 @@ def _to_question(row: dict, where: str, default_uid: str, name: str, question_ke
     messages = ({"role": "system", "content": system_prompt},) if system_prompt else ()
     source = row.get("data_source", row.get("source"))
     return Question(uid, messages + ({"role": "user", "content": user},), answer,
-                    source if isinstance(source, str) and source else name)
+                    source if isinstance(source, str) and source else name, str(row.get("reward_style") or ""))
 
 
 def _verl_messages(prompt: list, where: str) -> tuple[dict, ...]:

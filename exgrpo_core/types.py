@@ -19,12 +19,15 @@ class Question:
     messages: chat messages [{"role": ..., "content": ...}] that form the prompt.
     answer: ground truth, as text (math-verify parses it).
     source: dataset / benchmark name (verl `data_source`).
+    reward_style: the row's declared grading ("choice", "math"; verl `reward_model.style`, a flat row's
+        `reward_style`); anything else lets the source decide (`rewards.grader_for`).
     """
 
     uid: str
     messages: tuple[dict, ...]
     answer: str
     source: str = "train"
+    reward_style: str = ""
 
     @property
     def text(self) -> str:

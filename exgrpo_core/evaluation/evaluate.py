@@ -1,9 +1,11 @@
-"""Benchmark evaluation (paper §4, SPEC §1.4): sample, grade with math-verify, score pass@1 as avg@k.
+"""Benchmark evaluation (paper §4, SPEC §1.4): sample, grade, score pass@1 as avg@k, ID / OOD averages.
 
-A suite is any dataset `data.load_questions` reads, plus the shipped names in `SUITES`. Each row's
-source (verl `data_source`) is a benchmark. Rows that repeat one question (the paper's parquet holds
-AIME/AMC 32 times: avg@32) become one question sampled `repeats * samples` times, so
-pass@1 = mean over questions of c_i / n_i, and pass@k uses the unbiased estimator. Generation goes
+Suites (`suites.py`): any dataset `data.load_questions` reads, the shipped names in `SUITES` and the
+hub names in `HUB_SUITES`. Each row's source (verl `data_source`) is a benchmark, graded by
+math-verify or, for multiple choice (ARC-c, GPQA, MMLU-Pro), by its final choice letter. Rows that
+repeat one question (the paper's parquet holds AIME/AMC 32 times: avg@32) become one question
+sampled `repeats * samples` times, so pass@1 = mean over questions of c_i / n_i, and pass@k uses the
+unbiased estimator; the ID and OOD averages are over the benchmarks `suites.BENCHMARKS` puts there. Generation goes
 through the rollout engine under a forked, seeded RNG, so evaluating inside training neither
 changes the training run's random stream nor depends on it. Tables and plots live in `eval_report`.
 """
@@ -18,27 +20,15 @@ from typing import Callable
 
 import torch
 
-from exgrpo_core import data
+from exgrpo_core import data, rewards
+from exgrpo_core.evaluation.suites import (  # noqa: F401 - the suite API, re-exported
+    BENCHMARKS, GROUPS, SUITES, EvalItem, benchmark_name, group_of, group_repeats, load_suite, resolve_suite)
 from exgrpo_core.rollout.engine import TransformersEngine
-from exgrpo_core.types import Question
 
-SUITES = {"paper": "exgrpo-eval-test.parquet", "paper-valid": "exgrpo-eval-valid.parquet",
-          "gsm8k": "gsm8k-test.jsonl"}
-"""Shipped suites (exgrpo_core/datasets/eval-suites.md): name -> file in the bundled folder."""
-BENCHMARK_NAMES = {"aime": "AIME24", "aime25": "AIME25", "amc": "AMC", "math": "MATH-500",
-                   "minerva": "Minerva", "olympiad_bench": "OlympiadBench", "gsm8k-test": "GSM8K"}
-"""verl `data_source` (or dataset name) -> the benchmark's name in the paper's tables."""
 AVERAGE = "average"
+GROUP_AVERAGES = {group: f"{group}_average" for group in GROUPS}
+"""The declared groups' averages (Table 1's ID Avg / OOD Avg) under these names in `flat_metrics`."""
 Verify = Callable[[list[str], list[str]], list[tuple[float, str]]]
-
-
-@dataclass(frozen=True)
-class EvalItem:
-    """One distinct question of a suite; `repeats` = rows of the suite that hold it."""
-
-    question: Question
-    benchmark: str
-    repeats: int = 1
 
 
 @dataclass
@@ -70,54 +60,22 @@ class EvalReport:
         """{benchmark: {"pass@1": ..., ...}, "average": {"pass@1": ...}} (the train flow's `eval` key)."""
         return {**{b: dict(m) for b, m in self.benchmarks.items()}, AVERAGE: dict(self.average)}
 
-
-# ---- suites ---------------------------------------------------------------------------------------
-def resolve_suite(spec: str) -> str:
-    """A suite name (`paper`, `paper-valid`, `gsm8k`) or `bundled:NAME` of a shipped parquet -> its path."""
-    if spec in SUITES:
-        return str(data.BUNDLED_DIR / SUITES[spec])
-    if spec.startswith("bundled:"):
-        parquet = data.BUNDLED_DIR / f"{spec.removeprefix('bundled:')}.parquet"
-        if parquet.is_file():
-            return str(parquet)
-    return spec
+    def group_averages(self) -> dict[str, float]:
+        """{"id": mean pass@1 of the ID benchmarks, "ood": ... of the OOD ones}, for groups present."""
+        return group_averages({b: m["pass@1"] for b, m in self.benchmarks.items()})
 
 
-def benchmark_name(source: str) -> str:
-    return BENCHMARK_NAMES.get(source, source)
+def group_averages(pass1: dict[str, float]) -> dict[str, float]:
+    """Unweighted mean per declared group (`suites.BENCHMARKS`) of {benchmark name: pass@1}; absent groups left out.
 
-
-def group_repeats(questions: list[Question], max_questions: int | None = None) -> list[EvalItem]:
-    """Merge rows with the same (source, messages, answer) into one item counting its repeats.
-
-    Example: rows [a, a, a, b] -> [EvalItem(a, repeats=3), EvalItem(b, repeats=1)]. `max_questions`
-    keeps the first N distinct questions of each benchmark.
+    Example: {"AIME24": 0.2, "MATH-500": 0.6, "ARC-c": 0.9, "GSM8K": 0.5} -> {"id": 0.4, "ood": 0.9}.
     """
-    items: dict[tuple, list] = {}
-    for q in questions:
-        key = (q.source, tuple(tuple(sorted(m.items())) for m in q.messages), q.answer)
-        if key in items:
-            items[key][1] += 1
-        else:
-            items[key] = [q, 1]
-    out: list[EvalItem] = []
-    per_bench: Counter = Counter()
-    for q, repeats in items.values():
-        bench = benchmark_name(q.source)
-        if max_questions is not None and per_bench[bench] >= max_questions:
-            continue
-        per_bench[bench] += 1
-        out.append(EvalItem(q, bench, repeats))
+    out = {}
+    for group in GROUPS:
+        values = [v for b, v in pass1.items() if group_of(b) == group]
+        if values:
+            out[group] = sum(values) / len(values)
     return out
-
-
-def load_suite(spec: str, *, question_key: str = "question", answer_key: str = "answer",
-               system_prompt: str | None = None, instruction: str = "",
-               max_questions: int | None = None) -> list[EvalItem]:
-    """Read a suite (see `resolve_suite`) and group its repeated rows; raises DataError naming the suite."""
-    questions = data.load_questions(resolve_suite(spec), question_key=question_key, answer_key=answer_key,
-                                    system_prompt=system_prompt, instruction=instruction)
-    return group_repeats(questions, max_questions)
 
 
 # ---- scores ---------------------------------------------------------------------------------------
@@ -173,8 +131,13 @@ def score(results: list[QuestionResult], pass_k=(), seconds: float = 0.0) -> Eva
 def generate_and_grade(model, tokenizer, items: list[EvalItem], verify: Verify, *, samples: int = 1,
                        temperature: float = 0.6, top_p: float = 1.0, max_new_tokens: int = 8192,
                        max_prompt_tokens: int = 1024, batch_size: int = 64, seed: int = 0,
-                       progress: Callable[[int, int], None] | None = None, engine=None) -> list[QuestionResult]:
+                       progress: Callable[[int, int], None] | None = None, engine=None,
+                       require_think: bool = False) -> list[QuestionResult]:
     """Sample `repeats * samples` responses per item with the rollout engine and grade them.
+
+    Each item is graded by its own grader (`EvalItem.grader`): `verify` (math-verify) gets the math
+    rows only, multiple-choice rows are graded by their final letter (`rewards.grade_rows`);
+    `require_think` applies to the latter (the math verifier carries its own setting).
 
     Prompts are sorted by length so a batch pads little; each chunk of about `batch_size`
     sequences is generated, then verified. Runs under a forked RNG seeded with `seed`. `engine`: any
@@ -195,7 +158,8 @@ def generate_and_grade(model, tokenizer, items: list[EvalItem], verify: Verify, 
                                    max_new_tokens=max_new_tokens)
             texts = [g.text for gs in gens for g in gs]
             answers = [items[i].question.answer for i in chunk for _ in range(n)]
-            grades = verify(texts, answers)
+            graders = [items[i].grader for i in chunk for _ in range(n)]
+            grades = rewards.grade_rows(verify, texts, answers, graders, require_think=require_think)
             for j, i in enumerate(chunk):
                 gs, gr = gens[j], grades[j * n:(j + 1) * n]
                 q = items[i].question
