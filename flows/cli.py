@@ -7,6 +7,7 @@
     exgrpo dashboard --config cpu-demo [--port 8501]              # Streamlit dashboard, read-only
     exgrpo compare --config tiny --arms on_policy,exgrpo --seeds 0,1   # child runs + comparison table
     exgrpo evaluate --config cpu-demo --run cpu-demo --suite gsm8k   # a run's latest checkpoint
+    exgrpo evaluate --config paper --model Qwen/Qwen2.5-Math-7B --suite paper --suite ood   # Table 1
 """
 
 from __future__ import annotations
@@ -214,8 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", action="append", default=[], help="model name or path (default: model.name_or_path)")
     ev.add_argument("--checkpoint", action="append", default=[], help="checkpoint folder of a training run")
     ev.add_argument("--run", action="append", default=[], help="run name under run.output_dir: latest checkpoint")
-    ev.add_argument("--suite", action="append", default=[], help="paper, paper-valid, gsm8k, bundled:NAME, a "
-                    ".jsonl/.parquet path or hf:NAME (default: eval.suites, else data.eval_path)")
+    ev.add_argument("--suite", action="append", default=[], help="paper, paper-valid, ood, mmlu-pro (hub), "
+                    "gsm8k, bundled:NAME, a .jsonl/.parquet path or hf:NAME (default: eval.suites, else "
+                    "data.eval_path)")
     ev.add_argument("--out", default="runs/eval-table", help="where the table of all targets is written")
     ev.set_defaults(fn=cmd_evaluate)
     ex = sub.add_parser("export", help="write a checkpoint (also one with weight shards) as a Hugging Face folder")

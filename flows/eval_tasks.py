@@ -35,7 +35,7 @@ def generation_args(cfg: ExGRPOConfig) -> dict:
                 max_new_tokens=e.max_response_tokens or cfg.rollout.max_response_tokens,
                 max_prompt_tokens=cfg.rollout.max_prompt_tokens,
                 batch_size=e.batch_size or cfg.rollout.generation_batch_size, seed=cfg.run.seed,
-                pass_k=list(e.pass_k))
+                pass_k=list(e.pass_k), require_think=cfg.reward.require_think)
 
 
 @_task
@@ -44,8 +44,9 @@ def run_eval(model, tokenizer, items: list[E.EvalItem], verify, args: dict) -> E
 
 
 def flat_metrics(report: E.EvalReport) -> dict[str, float]:
-    """{eval/<benchmark>/<metric>: value} plus the average and the evaluation's speed."""
+    """{eval/<benchmark>/<metric>: value} plus the average, the ID / OOD averages and the evaluation's speed."""
     out = {M.eval_key(b, k): v for b, m in report.summary().items() for k, v in m.items()}
+    out.update({M.eval_key(E.GROUP_AVERAGES[g], "pass@1"): v for g, v in report.group_averages().items()})
     out[M.EVAL_SECONDS] = report.seconds
     out[M.EVAL_QUESTIONS_PER_S] = len(report.questions) / report.seconds if report.seconds > 0 else 0.0
     return out
@@ -64,7 +65,8 @@ def record(report: E.EvalReport, *, store, run_id: str, step: int, tracker, out_
     tracker.log_artifacts(folder, f"eval/step_{step:06d}")
     avg = report.average.get("pass@1", float("nan"))
     parts = ", ".join(f"{b} {100 * m['pass@1']:.1f}" for b, m in report.benchmarks.items())
-    print(f"eval step {step + 1}: average pass@1 {100 * avg:.1f}% ({parts}) in {report.seconds:.1f} s")
+    groups = "".join(f", {g.upper()} avg {100 * v:.1f}%" for g, v in report.group_averages().items())
+    print(f"eval step {step + 1}: average pass@1 {100 * avg:.1f}%{groups} ({parts}) in {report.seconds:.1f} s")
     return report.summary()
 
 

@@ -1,4 +1,8 @@
-"""Evaluation tables like the paper's Table 1: rows = runs, columns = benchmarks + Avg., pass@1 in %.
+"""Evaluation tables like the paper's Table 1: rows = runs, columns = benchmarks + averages, pass@1 in %.
+
+Columns: the in-distribution benchmarks, "ID Avg", the out-of-distribution ones, "OOD Avg" (each group
+only when one of its benchmarks is there; which group a benchmark is in is declared in
+`suites.BENCHMARKS`), benchmarks in no group, and "Avg." over all benchmarks.
 
 Input is what `EvalReport.summary()` returns (or the train flow's `eval` key), one per run label.
 Written as Markdown, CSV, JSON and a PNG bar plot (matplotlib, Agg backend); also a per-question
@@ -11,10 +15,12 @@ import csv
 import json
 from pathlib import Path
 
-from exgrpo_core.evaluation.evaluate import AVERAGE, EvalReport
+from exgrpo_core.evaluation.evaluate import AVERAGE, EvalReport, group_averages
+from exgrpo_core.evaluation.suites import BENCHMARKS, GROUPS, ID, OOD, group_of
 
-PAPER_ORDER = ("AIME24", "AIME25", "AMC", "MATH-500", "Minerva", "OlympiadBench")
+PAPER_ORDER = tuple(b.name for b in BENCHMARKS.values())
 AVG_COLUMN = "Avg."
+GROUP_COLUMNS = {ID: "ID Avg", OOD: "OOD Avg"}
 
 
 def benchmark_columns(summaries: dict[str, dict]) -> list[str]:
@@ -26,23 +32,39 @@ def benchmark_columns(summaries: dict[str, dict]) -> list[str]:
     return known + [b for b in seen if b not in known]
 
 
+def table_layout(summaries: dict[str, dict]) -> list[tuple[str, str]]:
+    """Columns as (kind, key): ("benchmark", name), ("group", ID / OOD) after its benchmarks, ("all", AVERAGE)."""
+    cols = benchmark_columns(summaries)
+    layout: list[tuple[str, str]] = []
+    for group in GROUPS:
+        members = [b for b in cols if group_of(b) == group]
+        if members:
+            layout += [("benchmark", b) for b in members] + [("group", group)]
+    return layout + [("benchmark", b) for b in cols if group_of(b) is None] + [("all", AVERAGE)]
+
+
 def results_table(summaries: dict[str, dict], metric: str = "pass@1") -> tuple[list[str], list[list]]:
     """(header, rows) with `metric` in percent (None where a run lacks a benchmark); header names avg@k.
 
-    Example: {"ExGRPO": {"AIME24": {"pass@1": 0.2, "samples": 32}, "average": {"pass@1": 0.2}}}
-    -> (["run", "AIME24 (avg@32)", "Avg."], [["ExGRPO", 20.0, 20.0]]).
+    A group column is the unweighted mean of the run's benchmarks in that group.
+    Example: {"ExGRPO": {"AIME24": {"pass@1": 0.2, "samples": 32}, "ARC-c": {"pass@1": 0.8},
+    "average": {"pass@1": 0.5}}} -> (["run", "AIME24 (avg@32)", "ID Avg", "ARC-c", "OOD Avg", "Avg."],
+    [["ExGRPO", 20.0, 20.0, 80.0, 80.0, 50.0]]).
     """
-    cols = benchmark_columns(summaries)
+    layout = table_layout(summaries)
     header = ["run"]
-    for b in cols:
-        ks = {int(s[b].get("samples", 1)) for s in summaries.values() if b in s}
-        header.append(f"{b} (avg@{ks.pop()})" if len(ks) == 1 and max(ks) > 1 else b)
-    header.append(AVG_COLUMN)
+    for kind, key in layout:
+        if kind == "benchmark":
+            ks = {int(s[key].get("samples", 1)) for s in summaries.values() if key in s}
+            header.append(f"{key} (avg@{ks.pop()})" if len(ks) == 1 and max(ks) > 1 else key)
+        else:
+            header.append(GROUP_COLUMNS[key] if kind == "group" else AVG_COLUMN)
     rows = []
     for label, s in summaries.items():
+        groups = group_averages({b: m[metric] for b, m in s.items() if b != AVERAGE and metric in m})
         row: list = [label]
-        for b in cols + [AVERAGE]:
-            v = s.get(b, {}).get(metric)
+        for kind, key in layout:
+            v = groups.get(key) if kind == "group" else s.get(key, {}).get(metric)
             row.append(None if v is None else round(100 * float(v), 1))
         rows.append(row)
     return header, rows
