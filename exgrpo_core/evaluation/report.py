@@ -18,7 +18,7 @@ from pathlib import Path
 from exgrpo_core.evaluation.evaluate import AVERAGE, EvalReport, group_averages
 from exgrpo_core.evaluation.suites import BENCHMARKS, GROUPS, ID, OOD, group_of
 
-PAPER_ORDER = tuple(b.name for b in BENCHMARKS.values())
+PAPER_ORDER = tuple(dict.fromkeys(b.name for b in BENCHMARKS.values()))
 AVG_COLUMN = "Avg."
 GROUP_COLUMNS = {ID: "ID Avg", OOD: "OOD Avg"}
 

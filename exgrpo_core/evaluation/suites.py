@@ -33,7 +33,8 @@ BENCHMARKS = {
     "aime": Benchmark("AIME24", ID), "aime25": Benchmark("AIME25", ID), "amc": Benchmark("AMC", ID),
     "math": Benchmark("MATH-500", ID), "minerva": Benchmark("Minerva", ID),
     "olympiad_bench": Benchmark("OlympiadBench", ID),
-    "arc_c": Benchmark("ARC-c", OOD), "gpqa": Benchmark("GPQA-Diamond", OOD), "mmlu_pro": Benchmark("MMLU-Pro", OOD),
+    "arc_c": Benchmark("ARC-c", OOD), "gpqa": Benchmark("GPQA-Diamond", OOD),
+    "gpqa_diamond": Benchmark("GPQA-Diamond", OOD), "mmlu_pro": Benchmark("MMLU-Pro", OOD),
     "gsm8k-test": Benchmark("GSM8K"),
 }
 """verl `data_source` (or dataset name) -> the benchmark; in the paper's column order."""
