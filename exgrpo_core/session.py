@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from exgrpo_core import checkpoint, data, models
+from exgrpo_core import checkpoint, data, locks, models
 from exgrpo_core.training import distributed as D, fsdp
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import ConfigError
@@ -91,12 +91,21 @@ class Session:
 def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
     """Build or resume the run described by `cfg` (see module docstring); rank 0 with several processes."""
     run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
-    ckpt = checkpoint.latest_checkpoint(run_dir) if cfg.run.resume != "never" else None
-    if cfg.run.resume == "must" and ckpt is None:
-        raise ResumeError(f"run.resume=must but {run_dir} has no checkpoint to resume from")
-    if cfg.run.resume == "never" and checkpoint.latest_checkpoint(run_dir) is not None:
-        raise ResumeError(f"{run_dir} already holds checkpoints; pick another run.name or use run.resume=auto")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    db_url = resolve_db_url(cfg.run.db_url, run_dir)
+    locks.lock_run(run_dir, cfg.run.name, db_url)  # one process per run: a second is refused, naming the first
+    try:
+        ckpt = checkpoint.latest_checkpoint(run_dir) if cfg.run.resume != "never" else None
+        if cfg.run.resume == "must" and ckpt is None:
+            raise ResumeError(f"run.resume=must but {run_dir} has no checkpoint to resume from")
+        if cfg.run.resume == "never" and checkpoint.latest_checkpoint(run_dir) is not None:
+            raise ResumeError(f"{run_dir} already holds checkpoints; pick another run.name or use run.resume=auto")
+        return _open(cfg, verify, run_dir, ckpt, db_url)
+    except BaseException:
+        locks.unlock_run(run_dir)
+        raise
+
+
+def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | None, db_url: str) -> Session:
     accelerator = make_accelerator(cfg)
     D.broadcast(str(ckpt) if ckpt else None)  # followers load the same checkpoint (shared filesystem)
     questions = data.load_questions(
@@ -105,7 +114,7 @@ def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
         max_questions=cfg.data.max_questions)
     worker, tokenizer = open_worker(cfg, accelerator, ckpt, run_dir)
 
-    store = ExperienceStore(resolve_db_url(cfg.run.db_url, run_dir))
+    store = ExperienceStore(db_url)
     state = checkpoint.load_trainer_state(ckpt) if ckpt else None
     run_id = state["loop"]["run_id"] if state else uuid.uuid4().hex
     store.start_run(run_id, cfg.run.name, cfg.preset, json.loads(cfg.model_dump_json()), cfg.rollout.group_size)
@@ -121,6 +130,7 @@ def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
         verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
         session.verify = verifier.verify
         session._closers.append(verifier.close)
+    session._closers.append(lambda: locks.unlock_run(run_dir))  # runs last on close
     session._closers.append(store.close)
     session._closers.append(session.team.stop)  # runs first on close: followers exit even if a close fails
     if state:

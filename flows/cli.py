@@ -40,6 +40,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         run_follower(cfg)
         return 0
+    from exgrpo_core.locks import lock_run
+    from exgrpo_core.store.experience_store import resolve_db_url
+
+    run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
+    lock_run(run_dir, cfg.run.name, resolve_db_url(cfg.run.db_url, run_dir))  # a second process: refused here
     console.print(f"[bold]ExGRPO[/bold] preset={cfg.preset} model={cfg.model.name_or_path} "
                   f"steps={cfg.run.steps} run_dir={os.path.join(cfg.run.output_dir, cfg.run.name)}")
     if not os.environ.get("PREFECT_API_URL"):
@@ -257,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _USER_ERRORS = {"ConfigError", "DataError", "StoreError", "TrackingError", "ModelLoadError", "ResumeError",
-                "VLLMUnavailable", "BudgetError", "RemoteEngineError"}
+                "VLLMUnavailable", "BudgetError", "RemoteEngineError", "RunLockedError"}
 
 if __name__ == "__main__":
     sys.exit(main())

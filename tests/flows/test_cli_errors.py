@@ -59,3 +59,28 @@ def test_commands_other_than_train_refuse_several_processes():
                           capture_output=True, text=True, timeout=120, env={**os.environ, "WORLD_SIZE": "2"})
     out = (proc.stdout + proc.stderr).replace("\n", " ")
     assert proc.returncode == 2 and "only `exgrpo train` runs in several processes" in out
+
+
+def test_second_train_on_the_same_run_is_refused_naming_the_first(tmp_path, tiny_overrides, prefect_server):
+    import os
+    import signal
+    import time
+
+    args = [sys.executable, "-m", "flows.cli", "train", "--config", "tiny"]
+    for o in [*tiny_overrides, "run.steps=1000", "run.name=twice"]:
+        args += ["--set", o]
+    first = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        lock = tmp_path / "runs" / "twice" / ".lock"
+        deadline = time.time() + 120
+        while not (lock.is_file() and lock.read_text()) and time.time() < deadline:
+            assert first.poll() is None
+            time.sleep(0.2)
+        proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        out = (proc.stdout + proc.stderr).replace("\n", " ")
+        assert proc.returncode == 2, out[-2000:]
+        assert f"run 'twice' is already running (pid {first.pid} on" in out and "Traceback" not in out
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
