@@ -94,7 +94,7 @@ def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
     db_url = resolve_db_url(cfg.run.db_url, run_dir)
     locks.lock_run(run_dir, cfg.run.name, db_url)  # one process per run: a second is refused, naming the first
     try:
-        ckpt = checkpoint.latest_checkpoint(run_dir) if cfg.run.resume != "never" else None
+        ckpt = checkpoint.resume_point(run_dir) if cfg.run.resume != "never" else None  # verified
         if cfg.run.resume == "must" and ckpt is None:
             raise ResumeError(f"run.resume=must but {run_dir} has no checkpoint to resume from")
         if cfg.run.resume == "never" and checkpoint.latest_checkpoint(run_dir) is not None:

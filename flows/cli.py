@@ -262,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _USER_ERRORS = {"ConfigError", "DataError", "StoreError", "TrackingError", "ModelLoadError", "ResumeError",
-                "VLLMUnavailable", "BudgetError", "RemoteEngineError", "RunLockedError"}
+                "VLLMUnavailable", "BudgetError", "RemoteEngineError", "RunLockedError",
+                "CheckpointError"}
 
 if __name__ == "__main__":
     sys.exit(main())
