@@ -84,14 +84,28 @@ class MlflowRun:
                                     nested=parent_run_id is not None,
                                     parent_run_id=None if run_id else parent_run_id)
         self.run_id = self.run.info.run_id
+        self._logged = self._logged_points() if run_id else set()
         if run_id is None:
             params = {k: ("None" if v is None else str(v))[:6000] for k, v in flatten(cfg).items()}
             mlflow.log_params(params)
             self.log_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), "config.yaml")
 
+    def _logged_points(self) -> set[tuple[str, int]]:
+        """(metric, step) pairs the continued run already holds (a resume replays the steps after its
+        checkpoint, some of which were logged before the crash)."""
+        client = self.mlflow.MlflowClient()
+        return {(key, m.step) for key in self.run.data.metrics
+                for m in client.get_metric_history(self.run_id, key)}
+
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-        self.mlflow.log_metrics(clean, step=step)
+        """Log finite numbers at `step`; a (metric, step) the run already holds is left as it is, so a
+        replayed step never adds a second point (its first values stand: equal for a bit-exact resume,
+        timings aside)."""
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)
+                 and (k, step) not in self._logged}
+        if clean:
+            self.mlflow.log_metrics(clean, step=step)
+            self._logged.update((k, step) for k in clean)
 
     def log_text(self, text: str, name: str) -> None:
         self.mlflow.log_text(text, name)

@@ -39,3 +39,29 @@ def test_concurrent_starts_create_one_local_store(tmp_path):
     exp = client.get_experiment_by_name("exgrpo")
     assert exp is not None
     assert len(client.search_runs([exp.experiment_id])) == n
+
+
+def test_a_continued_run_gets_one_point_per_metric_and_step(tmp_path):
+    """A resume replays the steps after its checkpoint: points already logged are not logged twice."""
+    import mlflow
+
+    from exgrpo_core.config import ExGRPOConfig
+    from flows.tracking import MlflowRun
+
+    cfg = ExGRPOConfig()
+    cfg.run.mlflow_tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = MlflowRun(cfg, None, tags={})
+    for step in range(3):
+        first.log_metrics({"a": step, "b": 10 + step}, step)
+    first.log_metrics({"a": 2.0}, 3)  # killed half-way through logging step 3
+    first.end("FAILED")
+    again = MlflowRun(cfg, first.run_id, tags={})  # resumed from the checkpoint of step 1
+    for step in range(2, 5):
+        again.log_metrics({"a": 100 + step, "b": 100 + step}, step)
+    again.end()
+    client = mlflow.MlflowClient(tracking_uri=cfg.run.mlflow_tracking_uri)
+    for key in ("a", "b"):
+        steps = sorted(m.step for m in client.get_metric_history(first.run_id, key))
+        assert steps == [0, 1, 2, 3, 4], (key, steps)
+    b = {m.step: m.value for m in client.get_metric_history(first.run_id, "b")}
+    assert b[2] == 12 and b[3] == 103  # the first point of a step stands; a missing one is filled in
