@@ -132,6 +132,11 @@ def lock_run(run_dir: str | Path, name: str, db_url: str) -> RunLock:
     return _HELD[key]
 
 
+def holds(run_dir: str | Path) -> bool:
+    """Whether this process holds the lock on the run in `run_dir`."""
+    return str(Path(run_dir).resolve()) in _HELD
+
+
 def unlock_run(run_dir: str | Path) -> None:
     """Release this process's lock on the run in `run_dir`, if it holds one."""
     lock = _HELD.pop(str(Path(run_dir).resolve()), None)

@@ -116,7 +116,7 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
 
     store = ExperienceStore(db_url)
     state = checkpoint.load_trainer_state(ckpt) if ckpt else None
-    run_id = state["loop"]["run_id"] if state else uuid.uuid4().hex
+    run_id, unfinished = (state["loop"]["run_id"], None) if state else _unfinished_run(cfg, store)
     store.start_run(run_id, cfg.run.name, cfg.preset, json.loads(cfg.model_dump_json()), cfg.rollout.group_size)
     store.register_questions(run_id, questions)
 
@@ -135,7 +135,24 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
     session._closers.append(session.team.stop)  # runs first on close: followers exit even if a close fails
     if state:
         _restore(session, state, ckpt)
+    elif unfinished:  # started before, never checkpointed: the same run again from step 0
+        session.mlflow_run_id = unfinished["mlflow_run_id"]
+        store.rollback_to(run_id, -1)
     return session
+
+
+def _unfinished_run(cfg: ExGRPOConfig, store: ExperienceStore) -> tuple[str, dict | None]:
+    """Without a checkpoint: the latest run of this name when it never finished (killed before its first
+    checkpoint, failed at start-up), which is continued rather than a second run minted; else a new id."""
+    prev = store.find_run_by_name(cfg.run.name)
+    row = store.get_run(prev) if prev else None
+    if row is None or row["status"] == "finished":
+        return uuid.uuid4().hex, None
+    if cfg.run.resume == "never":  # a new run was asked for; the old one is dead (this process holds the lock)
+        if row["status"] == "running":
+            store.update_run(prev, status="killed")
+        return uuid.uuid4().hex, None
+    return prev, row
 
 
 def run_follower(cfg: ExGRPOConfig) -> None:
