@@ -84,3 +84,33 @@ def test_second_train_on_the_same_run_is_refused_naming_the_first(tmp_path, tiny
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
+
+
+def _train_without_prefect(tmp_path, tiny_overrides, *extra, env=None):
+    """The CLI with Prefect out of reach: an error found before Prefect starts is the only output."""
+    import os
+
+    args = [sys.executable, "-m", "flows.cli", "train", "--config", "tiny"]
+    for o in [*tiny_overrides, "run.steps=1", "run.name=early", *extra]:
+        args += ["--set", o]
+    env = {**os.environ, "PREFECT_API_URL": "http://127.0.0.1:9/api", "PREFECT_HOME": str(tmp_path / "ph"),
+           **(env or {})}
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("override, named", [
+    ("data.train_path=/nonexistent/train.jsonl", "/nonexistent/train.jsonl"),
+    ("run.db_url=postgresql+psycopg://postgres@127.0.0.1:9/x", "127.0.0.1:9")])
+def test_user_errors_are_found_before_prefect_starts(tmp_path, tiny_overrides, override, named):
+    code, out = _train_without_prefect(tmp_path, tiny_overrides, override)
+    assert code == 2 and named in out.replace("\n", "") and "Traceback" not in out, out[-2000:]
+    assert out.count("error") == 1 and not (tmp_path / "runs" / "early").exists()
+
+
+def test_a_prefect_start_up_timeout_is_one_line_saying_how_to_fix_it(tmp_path, tiny_overrides):
+    code, out = _train_without_prefect(tmp_path, tiny_overrides, env={
+        "PREFECT_API_URL": "", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "1"})
+    flat = out.replace("\n", " ")
+    assert code == 2 and "Traceback" not in out, out[-3000:]
+    assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in flat and "PREFECT_API_URL" in flat
