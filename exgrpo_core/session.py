@@ -108,10 +108,15 @@ def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
 def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | None, db_url: str) -> Session:
     accelerator = make_accelerator(cfg)
     D.broadcast(str(ckpt) if ckpt else None)  # followers load the same checkpoint (shared filesystem)
+    where: dict[str, str] = {}
     questions = data.load_questions(
         cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
         system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction,
-        max_questions=cfg.data.max_questions)
+        max_questions=cfg.data.max_questions, locations=where)
+    verifier = None
+    if verify is None:
+        verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
+        questions = _usable(questions, verifier, where)
     worker, tokenizer = open_worker(cfg, accelerator, ckpt, run_dir)
 
     store = ExperienceStore(db_url)
@@ -126,8 +131,7 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
         verify=verify, store=store, questions={q.uid: q for q in questions},
         sampler=FreshSampler([q.uid for q in questions], cfg.run.seed), rng=random.Random(cfg.run.seed),
         ref_model=worker.ref_model, team=Team(worker))
-    if verify is None:
-        verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
+    if verifier is not None:
         session.verify = verifier.verify
         session._closers.append(verifier.close)
     session._closers.append(lambda: locks.unlock_run(run_dir))  # runs last on close
@@ -139,6 +143,23 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
         session.mlflow_run_id = unfinished["mlflow_run_id"]
         store.rollback_to(run_id, -1)
     return session
+
+
+def _usable(questions: list[Question], verifier: MathVerifier, where: dict[str, str]) -> list[Question]:
+    """Drop the questions whose gold answer cannot be parsed within the timeout (checked once, here),
+    with one warning naming their rows; a set with no usable gold left is an error."""
+    bad = verifier.check_golds([q.answer for q in questions])
+    if not bad:
+        return questions
+    dropped = [q for q in questions if q.answer in bad]
+    rows = ", ".join(f"{where.get(q.uid, q.uid)} ({bad[q.answer]})" for q in dropped[:10])
+    more = f" and {len(dropped) - 10} more" if len(dropped) > 10 else ""
+    if len(dropped) == len(questions):
+        verifier.close()
+        raise data.DataError(f"no question has a usable gold answer: {rows}{more}")
+    warnings.warn(f"{len(dropped)} of {len(questions)} questions skipped, their gold answers cannot be parsed "
+                  f"within reward.timeout_s: {rows}{more}", stacklevel=2)
+    return [q for q in questions if q.answer not in bad]
 
 
 def _unfinished_run(cfg: ExGRPOConfig, store: ExperienceStore) -> tuple[str, dict | None]:
