@@ -5,12 +5,21 @@ each process's optimiser shard in torch.distributed.checkpoint format; with shar
 files are config + tokenizer and `model/` holds each process's weight shard), written to a temporary
 folder and renamed, so a kill mid-save never leaves a half checkpoint that looks complete. The
 experience database is rolled back to the checkpoint's step on resume (`ExperienceStore.rollback_to`).
+
+Integrity: `manifest.json` lists every file's size and SHA-256; files and folders are fsynced before
+the rename (and the parent after it), so a power loss cannot leave a renamed folder with unwritten
+data. On resume `resume_point` verifies the manifest and falls back to the newest intact checkpoint
+(the damaged one is moved aside to `.damaged_step_N`), or stops with one line naming the path.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +29,11 @@ import torch
 STATE_FILE = "trainer_state.pt"
 OPTIMIZER_SHARDS = "optimizer"
 MODEL_SHARDS = "model"
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    """No intact checkpoint to resume from; the message names the damaged folder and what to do."""
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -69,8 +83,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
         optimizer_shards(tmp / OPTIMIZER_SHARDS)
     optim = None if optimizer_shards is not None else optimizer.state_dict()
     torch.save({"step": step, "optimizer": optim, "rng": rng_state(), "loop": loop_state}, tmp / STATE_FILE)
+    write_manifest(tmp)  # sizes and hashes; every file and folder fsynced
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
+    _fsync_dir(root)  # the rename itself is durable
     for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -84,3 +100,91 @@ def load_trainer_state(path: str | Path) -> dict:
 def has_weight_shards(path: str | Path) -> bool:
     """Whether `path` is a checkpoint whose weights are per-process shards (run.checkpoint_weights=sharded)."""
     return (Path(path) / MODEL_SHARDS / ".metadata").is_file()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_manifest(folder: str | Path) -> dict:
+    """Write `folder/manifest.json` ({relative path: {size, sha256}} of every file), fsync every file and
+    folder under `folder` (deepest first), and return the manifest."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    manifest = {"files": {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+                          for p in files}}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    for p in [*files, folder / MANIFEST]:
+        _fsync_file(p)
+    for d in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        _fsync_dir(d)
+    _fsync_dir(folder)
+    return manifest
+
+
+def verify_checkpoint(folder: str | Path) -> str | None:
+    """None when `folder` matches its manifest (or predates manifests), else what is wrong, in words."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        return None if (folder / STATE_FILE).is_file() else f"{STATE_FILE} is missing"
+    try:
+        files = json.loads((folder / MANIFEST).read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return f"{MANIFEST} is unreadable"
+    for rel, want in files.items():
+        p = folder / rel
+        if not p.is_file():
+            return f"{rel} is missing"
+        size = p.stat().st_size
+        if size != want["size"]:
+            return f"{rel} has {size} bytes, the manifest says {want['size']}"
+        if _sha256(p) != want["sha256"]:
+            return f"{rel} does not match its SHA-256 in the manifest"
+    return None
+
+
+def resume_point(run_dir: str | Path) -> Path | None:
+    """The newest intact checkpoint of the run (None when there is none at all).
+
+    A damaged newer checkpoint is moved aside to `.damaged_step_N` with a warning naming it and what is
+    wrong; when every checkpoint is damaged, CheckpointError names the newest and what to do.
+    """
+    root = checkpoint_dir(run_dir)
+    found = sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
+    damaged: list[tuple[Path, str]] = []
+    for path in reversed(found):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            for bad, why in damaged:
+                aside = bad.with_name(f".damaged_{bad.name}")
+                shutil.rmtree(aside, ignore_errors=True)
+                bad.rename(aside)
+                warnings.warn(f"checkpoint {bad} is damaged ({why}): moved to {aside.name}, resuming from "
+                              f"{path.name}", stacklevel=2)
+            return path
+        damaged.append((path, problem))
+    if damaged:
+        bad, why = damaged[0]
+        raise CheckpointError(f"checkpoint {bad} is damaged ({why}) and no older intact checkpoint exists: "
+                              f"remove {root} to restart this run from step 0, or set run.name to start a new run")
+    return None

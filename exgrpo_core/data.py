@@ -27,7 +27,7 @@ class DataError(ValueError):
 def load_questions(path: str, *, question_key: str = "question", answer_key: str = "answer",
                    system_prompt: str | None = None,
                    instruction: str = "Please reason step by step, and put your final answer within \\boxed{}.",
-                   max_questions: int | None = None) -> list[Question]:
+                   max_questions: int | None = None, locations: dict[str, str] | None = None) -> list[Question]:
     """Read questions from `bundled:NAME`, a .jsonl / .parquet file, or `hf:NAME[:CONFIG][:SPLIT]`.
 
     Args:
@@ -36,6 +36,7 @@ def load_questions(path: str, *, question_key: str = "question", answer_key: str
         system_prompt: optional system message for flat rows.
         instruction: appended to the user message of flat rows after a newline ("" for none).
         max_questions: keep the first N questions.
+        locations: when given, filled with uid -> the row's place ("line 12", "row 3") for reports.
 
     Returns:
         Questions in file order. uid = the row's `id`/`uid`, else "<dataset>-<row index>".
@@ -52,6 +53,8 @@ def load_questions(path: str, *, question_key: str = "question", answer_key: str
             raise DataError(f"{path} {where}: duplicated uid {q.uid!r} (first seen at {seen[q.uid]})")
         seen[q.uid] = where
         questions.append(q)
+        if locations is not None:
+            locations[q.uid] = f"{path} {where}"
         if max_questions is not None and len(questions) >= max_questions:
             break
     if not questions:

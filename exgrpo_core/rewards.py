@@ -118,6 +118,13 @@ def grade(response: str, answer: str, *, require_think: bool = False) -> tuple[f
     return (1.0, "correct") if ok else (0.0, "wrong")
 
 
+def _check_gold(answer: str) -> tuple[float, str]:
+    try:
+        return (1.0, "ok") if _parse_gold(answer) else (0.0, "error")
+    except Exception:  # noqa: BLE001
+        return 0.0, "error"
+
+
 def _worker_main(conn, require_think: bool, test_hooks: bool) -> None:
     """Worker loop: receive a list of (response, answer), send one (reward, reason) per item as it is done."""
     import logging
@@ -132,6 +139,9 @@ def _worker_main(conn, require_think: bool, test_hooks: bool) -> None:
         if batch is None:
             return
         for response, answer in batch:
+            if response is None:  # a gold answer to check once (MathVerifier.check_golds)
+                conn.send(_check_gold(answer))
+                continue
             if test_hooks and (sleep := _TEST_SLEEP.search(response)):
                 time.sleep(float(sleep.group(1)))
             conn.send(grade(response, answer, require_think=require_think))
@@ -206,6 +216,7 @@ class MathVerifier:
         self._workers = [self._spawn() for _ in range(workers)]
         self._lock = threading.Lock()
         self._closed = False
+        self._bad_golds: set[str] = set()  # golds check_golds found unusable: scored "error" without a worker
         self._finalizer = weakref.finalize(self, _stop_all, self._workers)
 
     def _spawn(self) -> _Worker:
@@ -234,7 +245,25 @@ class MathVerifier:
         if self._closed:
             raise RuntimeError("MathVerifier is closed")
         with self._lock:
-            return self._run([(str(r), str(a)) for r, a in zip(responses, answers)])
+            items = [(str(r), str(a)) for r, a in zip(responses, answers)]
+            todo = [i for i, (_, a) in enumerate(items) if a not in self._bad_golds]
+            out: list[tuple[float, str]] = [(0.0, "error")] * len(items)
+            for i, res in zip(todo, self._run([items[i] for i in todo])):
+                out[i] = res
+            return out
+
+    def check_golds(self, answers: list[str]) -> dict[str, str]:
+        """Parse each distinct gold answer once, in the workers with the per-item timeout; returns the
+        unusable ones -> "timeout" or "error" (unparseable). They are remembered: `verify` scores them
+        (0.0, "error") at once, so a pathological gold never costs a timeout twice."""
+        golds = sorted({str(a) for a in answers})
+        with self._lock:
+            before = self.timeouts  # the timeout metric counts graded responses only
+            results = self._run([(None, g) for g in golds])  # type: ignore[misc]
+            self.timeouts = before
+        bad = {g: reason for g, (_, reason) in zip(golds, results) if reason != "ok"}
+        self._bad_golds |= set(bad)
+        return bad
 
     def _run(self, items: list[tuple[str, str]]) -> list[tuple[float, str]]:
         results: list[tuple[float, str] | None] = [None] * len(items)

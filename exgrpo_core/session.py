@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from exgrpo_core import checkpoint, data, models
+from exgrpo_core import checkpoint, data, locks, models
 from exgrpo_core.training import distributed as D, fsdp
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import ConfigError
@@ -91,23 +91,37 @@ class Session:
 def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
     """Build or resume the run described by `cfg` (see module docstring); rank 0 with several processes."""
     run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
-    ckpt = checkpoint.latest_checkpoint(run_dir) if cfg.run.resume != "never" else None
-    if cfg.run.resume == "must" and ckpt is None:
-        raise ResumeError(f"run.resume=must but {run_dir} has no checkpoint to resume from")
-    if cfg.run.resume == "never" and checkpoint.latest_checkpoint(run_dir) is not None:
-        raise ResumeError(f"{run_dir} already holds checkpoints; pick another run.name or use run.resume=auto")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    db_url = resolve_db_url(cfg.run.db_url, run_dir)
+    locks.lock_run(run_dir, cfg.run.name, db_url)  # one process per run: a second is refused, naming the first
+    try:
+        ckpt = checkpoint.resume_point(run_dir) if cfg.run.resume != "never" else None  # verified
+        if cfg.run.resume == "must" and ckpt is None:
+            raise ResumeError(f"run.resume=must but {run_dir} has no checkpoint to resume from")
+        if cfg.run.resume == "never" and checkpoint.latest_checkpoint(run_dir) is not None:
+            raise ResumeError(f"{run_dir} already holds checkpoints; pick another run.name or use run.resume=auto")
+        return _open(cfg, verify, run_dir, ckpt, db_url)
+    except BaseException:
+        locks.unlock_run(run_dir)
+        raise
+
+
+def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | None, db_url: str) -> Session:
     accelerator = make_accelerator(cfg)
     D.broadcast(str(ckpt) if ckpt else None)  # followers load the same checkpoint (shared filesystem)
+    where: dict[str, str] = {}
     questions = data.load_questions(
         cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
         system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction,
-        max_questions=cfg.data.max_questions)
+        max_questions=cfg.data.max_questions, locations=where)
+    verifier = None
+    if verify is None:
+        verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
+        questions = _usable(questions, verifier, where)
     worker, tokenizer = open_worker(cfg, accelerator, ckpt, run_dir)
 
-    store = ExperienceStore(resolve_db_url(cfg.run.db_url, run_dir))
+    store = ExperienceStore(db_url)
     state = checkpoint.load_trainer_state(ckpt) if ckpt else None
-    run_id = state["loop"]["run_id"] if state else uuid.uuid4().hex
+    run_id, unfinished = (state["loop"]["run_id"], None) if state else _unfinished_run(cfg, store)
     store.start_run(run_id, cfg.run.name, cfg.preset, json.loads(cfg.model_dump_json()), cfg.rollout.group_size)
     store.register_questions(run_id, questions)
 
@@ -117,15 +131,49 @@ def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
         verify=verify, store=store, questions={q.uid: q for q in questions},
         sampler=FreshSampler([q.uid for q in questions], cfg.run.seed), rng=random.Random(cfg.run.seed),
         ref_model=worker.ref_model, team=Team(worker))
-    if verify is None:
-        verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
+    if verifier is not None:
         session.verify = verifier.verify
         session._closers.append(verifier.close)
+    session._closers.append(lambda: locks.unlock_run(run_dir))  # runs last on close
     session._closers.append(store.close)
     session._closers.append(session.team.stop)  # runs first on close: followers exit even if a close fails
     if state:
         _restore(session, state, ckpt)
+    elif unfinished:  # started before, never checkpointed: the same run again from step 0
+        session.mlflow_run_id = unfinished["mlflow_run_id"]
+        store.rollback_to(run_id, -1)
     return session
+
+
+def _usable(questions: list[Question], verifier: MathVerifier, where: dict[str, str]) -> list[Question]:
+    """Drop the questions whose gold answer cannot be parsed within the timeout (checked once, here),
+    with one warning naming their rows; a set with no usable gold left is an error."""
+    bad = verifier.check_golds([q.answer for q in questions])
+    if not bad:
+        return questions
+    dropped = [q for q in questions if q.answer in bad]
+    rows = ", ".join(f"{where.get(q.uid, q.uid)} ({bad[q.answer]})" for q in dropped[:10])
+    more = f" and {len(dropped) - 10} more" if len(dropped) > 10 else ""
+    if len(dropped) == len(questions):
+        verifier.close()
+        raise data.DataError(f"no question has a usable gold answer: {rows}{more}")
+    warnings.warn(f"{len(dropped)} of {len(questions)} questions skipped, their gold answers cannot be parsed "
+                  f"within reward.timeout_s: {rows}{more}", stacklevel=2)
+    return [q for q in questions if q.answer not in bad]
+
+
+def _unfinished_run(cfg: ExGRPOConfig, store: ExperienceStore) -> tuple[str, dict | None]:
+    """Without a checkpoint: the latest run of this name when it never finished (killed before its first
+    checkpoint, failed at start-up), which is continued rather than a second run minted; else a new id."""
+    prev = store.find_run_by_name(cfg.run.name)
+    row = store.get_run(prev) if prev else None
+    if row is None or row["status"] == "finished":
+        return uuid.uuid4().hex, None
+    if cfg.run.resume == "never":  # a new run was asked for; the old one is dead (this process holds the lock)
+        if row["status"] == "running":
+            store.update_run(prev, status="killed")
+        return uuid.uuid4().hex, None
+    return prev, row
 
 
 def run_follower(cfg: ExGRPOConfig) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -36,22 +37,72 @@ def cmd_train(args: argparse.Namespace) -> int:
     from exgrpo_core.config_io import load_config
 
     cfg = load_config(args.config, args.set)  # fail on a bad config before Prefect starts
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")  # 20 s is short under load
     if int(os.environ.get("RANK", "0")) > 0:  # a follower under torchrun / accelerate launch: no Prefect, no DB
         from exgrpo_core.session import run_follower
 
         run_follower(cfg)
         return 0
-    console.print(f"[bold]ExGRPO[/bold] preset={cfg.preset} model={cfg.model.name_or_path} "
-                  f"steps={cfg.run.steps} run_dir={os.path.join(cfg.run.output_dir, cfg.run.name)}")
-    if not os.environ.get("PREFECT_API_URL"):
-        console.print("starting Prefect's ephemeral API (set PREFECT_API_URL to use a server)...")
-    from flows import train as train_flow
+    run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
+    existed = run_dir.exists()
+    try:
+        _preflight(cfg, run_dir)  # user errors (data, database, MLflow, a second process) before Prefect starts
+        console.print(f"[bold]ExGRPO[/bold] preset={cfg.preset} model={cfg.model.name_or_path} "
+                      f"steps={cfg.run.steps} run_dir={os.path.join(cfg.run.output_dir, cfg.run.name)}")
+        if not os.environ.get("PREFECT_API_URL"):
+            console.print("starting Prefect's ephemeral API (set PREFECT_API_URL to use a server)...")
+        from flows import train as train_flow
 
-    train_flow.PROGRESS.append(_progress_line)
-    summary = train_flow.train(preset=cfg.preset, config=cfg)
+        train_flow.PROGRESS.append(_progress_line)
+        summary = _prefect_start_errors(train_flow.train, preset=cfg.preset, config=cfg)
+    except BaseException:
+        if not existed and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".lock"}:
+            shutil.rmtree(run_dir, ignore_errors=True)  # a failed start leaves no empty run directory
+        raise
     console.print(f"[green]done[/green]: run {summary['run_id']} ({summary['steps']} steps), "
                   f"MLflow run {summary['mlflow_run_id']}, run dir {summary['run_dir']}")
     return 0
+
+
+def _preflight(cfg, run_dir: Path) -> None:
+    """Find user errors in seconds, before Prefect's server and the flow start: the dataset, the database
+    (a server must answer), the MLflow server, another process on the run, a damaged checkpoint."""
+    from exgrpo_core import checkpoint, data
+    from exgrpo_core.locks import lock_run
+    from exgrpo_core.store.engine import create_store_engine, parse_url
+    from exgrpo_core.store.experience_store import resolve_db_url
+    from flows.tracking import check_server
+
+    data.load_questions(cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
+                        max_questions=cfg.data.max_questions)
+    db_url = resolve_db_url(cfg.run.db_url, run_dir)
+    url = parse_url(db_url)
+    if url.get_backend_name() != "sqlite":
+        create_store_engine(url).dispose()  # connects once: an unreachable server is one line
+    uri = cfg.run.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        check_server(uri)  # a server must answer; the default local store is created by the flow
+    lock_run(run_dir, cfg.run.name, db_url)  # a second process on this run is refused here
+    if cfg.run.resume != "never":
+        checkpoint.resume_point(run_dir)  # a damaged checkpoint: set aside with a warning, or one line
+
+
+def _prefect_start_errors(fn, **kw):
+    """Call a flow; Prefect's ephemeral API failing to start in time is one line saying what to do."""
+    try:
+        return fn(**kw)
+    except RuntimeError as e:
+        if "ephemeral Prefect API server" not in str(e):
+            raise
+        limit = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "20")
+        raise PrefectStartError(
+            f"Prefect's ephemeral API did not start within {limit} s (a loaded machine): raise "
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or set PREFECT_API_URL to a running server "
+            "(infra/services.sh up)") from None
+
+
+class PrefectStartError(RuntimeError):
+    """Prefect's ephemeral API did not come up; the message says how to fix it."""
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -259,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _USER_ERRORS = {"ConfigError", "DataError", "StoreError", "TrackingError", "ModelLoadError", "ResumeError",
-                "VLLMUnavailable", "BudgetError", "RemoteEngineError"}
+                "VLLMUnavailable", "BudgetError", "RemoteEngineError", "RunLockedError",
+                "CheckpointError", "PrefectStartError"}
 
 if __name__ == "__main__":
     sys.exit(main())

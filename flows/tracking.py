@@ -3,10 +3,12 @@
 Default store: `sqlite:///<output_dir>/mlflow.db` with artifacts beside it, shared by every run in
 that output folder so they can be compared; `MLFLOW_TRACKING_URI` or `run.mlflow_tracking_uri`
 points at a server instead, which is probed first so that a dead server is a clear error, not a hang.
+Several processes may start on one new local store at once: creation is serialised by a file lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -18,6 +20,7 @@ import yaml
 
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import flatten
+from exgrpo_core.locks import file_lock
 
 
 class TrackingError(RuntimeError):
@@ -47,6 +50,14 @@ def check_server(uri: str, timeout: float = 5.0) -> None:
             "(see infra/) or unset MLFLOW_TRACKING_URI to use the local store.") from None
 
 
+def _creation_lock(uri: str):
+    """A file lock beside a local SQLite store (`mlflow.db.lock`) held while MLflow creates or migrates its
+    tables and the experiment, which several processes starting at once would otherwise race on."""
+    if uri.startswith("sqlite:///"):
+        return file_lock(uri[len("sqlite:///"):] + ".lock")
+    return contextlib.nullcontext()
+
+
 class MlflowRun:
     """Owns the MLflow run of one training flow run (created, or continued on resume)."""
 
@@ -61,25 +72,40 @@ class MlflowRun:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         mlflow.set_tracking_uri(uri)
         self.uri = uri
-        experiment = mlflow.get_experiment_by_name(cfg.run.mlflow_experiment)
-        if experiment is None:
-            artifacts = None
-            if uri.startswith("sqlite:///"):
-                artifacts = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
-            mlflow.create_experiment(cfg.run.mlflow_experiment, artifact_location=artifacts)
-        mlflow.set_experiment(cfg.run.mlflow_experiment)
+        with _creation_lock(uri):  # concurrent starts on one new SQLite store: one creates, the others wait
+            experiment = mlflow.get_experiment_by_name(cfg.run.mlflow_experiment)
+            if experiment is None:
+                artifacts = None
+                if uri.startswith("sqlite:///"):
+                    artifacts = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+                mlflow.create_experiment(cfg.run.mlflow_experiment, artifact_location=artifacts)
+            mlflow.set_experiment(cfg.run.mlflow_experiment)
         self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else cfg.run.name, tags=tags,
                                     nested=parent_run_id is not None,
                                     parent_run_id=None if run_id else parent_run_id)
         self.run_id = self.run.info.run_id
+        self._logged = self._logged_points() if run_id else set()
         if run_id is None:
             params = {k: ("None" if v is None else str(v))[:6000] for k, v in flatten(cfg).items()}
             mlflow.log_params(params)
             self.log_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), "config.yaml")
 
+    def _logged_points(self) -> set[tuple[str, int]]:
+        """(metric, step) pairs the continued run already holds (a resume replays the steps after its
+        checkpoint, some of which were logged before the crash)."""
+        client = self.mlflow.MlflowClient()
+        return {(key, m.step) for key in self.run.data.metrics
+                for m in client.get_metric_history(self.run_id, key)}
+
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-        self.mlflow.log_metrics(clean, step=step)
+        """Log finite numbers at `step`; a (metric, step) the run already holds is left as it is, so a
+        replayed step never adds a second point (its first values stand: equal for a bit-exact resume,
+        timings aside)."""
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)
+                 and (k, step) not in self._logged}
+        if clean:
+            self.mlflow.log_metrics(clean, step=step)
+            self._logged.update((k, step) for k in clean)
 
     def log_text(self, text: str, name: str) -> None:
         self.mlflow.log_text(text, name)

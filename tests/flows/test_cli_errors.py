@@ -59,3 +59,58 @@ def test_commands_other_than_train_refuse_several_processes():
                           capture_output=True, text=True, timeout=120, env={**os.environ, "WORLD_SIZE": "2"})
     out = (proc.stdout + proc.stderr).replace("\n", " ")
     assert proc.returncode == 2 and "only `exgrpo train` runs in several processes" in out
+
+
+def test_second_train_on_the_same_run_is_refused_naming_the_first(tmp_path, tiny_overrides, prefect_server):
+    import os
+    import signal
+    import time
+
+    args = [sys.executable, "-m", "flows.cli", "train", "--config", "tiny"]
+    for o in [*tiny_overrides, "run.steps=1000", "run.name=twice"]:
+        args += ["--set", o]
+    first = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        lock = tmp_path / "runs" / "twice" / ".lock"
+        deadline = time.time() + 120
+        while not (lock.is_file() and lock.read_text()) and time.time() < deadline:
+            assert first.poll() is None
+            time.sleep(0.2)
+        proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        out = (proc.stdout + proc.stderr).replace("\n", " ")
+        assert proc.returncode == 2, out[-2000:]
+        assert f"run 'twice' is already running (pid {first.pid} on" in out and "Traceback" not in out
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+
+
+def _train_without_prefect(tmp_path, tiny_overrides, *extra, env=None):
+    """The CLI with Prefect out of reach: an error found before Prefect starts is the only output."""
+    import os
+
+    args = [sys.executable, "-m", "flows.cli", "train", "--config", "tiny"]
+    for o in [*tiny_overrides, "run.steps=1", "run.name=early", *extra]:
+        args += ["--set", o]
+    env = {**os.environ, "PREFECT_API_URL": "http://127.0.0.1:9/api", "PREFECT_HOME": str(tmp_path / "ph"),
+           **(env or {})}
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("override, named", [
+    ("data.train_path=/nonexistent/train.jsonl", "/nonexistent/train.jsonl"),
+    ("run.db_url=postgresql+psycopg://postgres@127.0.0.1:9/x", "127.0.0.1:9")])
+def test_user_errors_are_found_before_prefect_starts(tmp_path, tiny_overrides, override, named):
+    code, out = _train_without_prefect(tmp_path, tiny_overrides, override)
+    assert code == 2 and named in out.replace("\n", "") and "Traceback" not in out, out[-2000:]
+    assert out.count("error") == 1 and not (tmp_path / "runs" / "early").exists()
+
+
+def test_a_prefect_start_up_timeout_is_one_line_saying_how_to_fix_it(tmp_path, tiny_overrides):
+    code, out = _train_without_prefect(tmp_path, tiny_overrides, env={
+        "PREFECT_API_URL": "", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "1"})
+    flat = out.replace("\n", " ")
+    assert code == 2 and "Traceback" not in out, out[-3000:]
+    assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in flat and "PREFECT_API_URL" in flat

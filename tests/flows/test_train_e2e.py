@@ -123,3 +123,12 @@ def test_killed_run_resumes_from_checkpoint(tmp_path, prefect_server, tiny_overr
     metric_steps = _rows(db, "select distinct step from step_metrics where run_id=:r and key=:k order by step",
                          r=run_id, k=M.REWARD_MEAN)
     assert [s for s, in metric_steps] == list(range(8))
+
+    import mlflow  # after the resume MLflow holds exactly one point per (metric, step), as the database does
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (mlflow_id,), = _rows(db, "select mlflow_run_id from runs where id=:r", r=run_id)
+    for key in client.get_run(mlflow_id).data.metrics:
+        steps = [m.step for m in client.get_metric_history(mlflow_id, key)]
+        assert len(steps) == len(set(steps)), f"{key}: duplicated points at steps {sorted(steps)}"
+    assert sorted(m.step for m in client.get_metric_history(mlflow_id, M.REWARD_MEAN)) == list(range(8))

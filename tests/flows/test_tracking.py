@@ -1,0 +1,67 @@
+"""MLflow store handling in flows/tracking.py: several processes creating one local store at once."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _open_run(args) -> str:
+    uri, barrier = args
+    from exgrpo_core.config import ExGRPOConfig
+    from flows.tracking import MlflowRun
+
+    cfg = ExGRPOConfig()
+    cfg.run.mlflow_tracking_uri = uri
+    barrier.wait()  # every process creates the (new) store at the same moment
+    try:
+        MlflowRun(cfg, None, tags={}).end()
+        return "ok"
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return f"{type(e).__name__}: {e}"[:300]
+
+
+def test_concurrent_starts_create_one_local_store(tmp_path):
+    n = 4
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(n)
+        with ctx.Pool(n) as pool:
+            results = pool.map(_open_run, [(uri, barrier)] * n)
+    assert results == ["ok"] * n, results
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("exgrpo")
+    assert exp is not None
+    assert len(client.search_runs([exp.experiment_id])) == n
+
+
+def test_a_continued_run_gets_one_point_per_metric_and_step(tmp_path):
+    """A resume replays the steps after its checkpoint: points already logged are not logged twice."""
+    import mlflow
+
+    from exgrpo_core.config import ExGRPOConfig
+    from flows.tracking import MlflowRun
+
+    cfg = ExGRPOConfig()
+    cfg.run.mlflow_tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = MlflowRun(cfg, None, tags={})
+    for step in range(3):
+        first.log_metrics({"a": step, "b": 10 + step}, step)
+    first.log_metrics({"a": 2.0}, 3)  # killed half-way through logging step 3
+    first.end("FAILED")
+    again = MlflowRun(cfg, first.run_id, tags={})  # resumed from the checkpoint of step 1
+    for step in range(2, 5):
+        again.log_metrics({"a": 100 + step, "b": 100 + step}, step)
+    again.end()
+    client = mlflow.MlflowClient(tracking_uri=cfg.run.mlflow_tracking_uri)
+    for key in ("a", "b"):
+        steps = sorted(m.step for m in client.get_metric_history(first.run_id, key))
+        assert steps == [0, 1, 2, 3, 4], (key, steps)
+    b = {m.step: m.value for m in client.get_metric_history(first.run_id, "b")}
+    assert b[2] == 12 and b[3] == 103  # the first point of a step stands; a missing one is filled in
