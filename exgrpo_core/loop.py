@@ -173,15 +173,8 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
     """Mixed groups -> group-relative advantages -> mixed-policy loss -> optimiser steps (SPEC §1.3)."""
     t0 = time.perf_counter()
     cfg = s.cfg
-    rows, advs, qidx, stats = [], [], [], {}
-    adv_stats = []
-    for q, g in enumerate(groups):
-        members = g.rollouts + ([replayed[g.question_uid]] if g.question_uid in replayed else [])
-        a, st = compute_group_advantages(torch.tensor([[r.reward for r in members]]), cfg.loss.std_normalize)
-        adv_stats.append(st)
-        rows += members
-        advs += a[0].tolist()
-        qidx += [q] * len(members)
+    stats: dict[str, float] = {}
+    rows, advs, qidx, adv_stats = shuffled_rows(groups, replayed, cfg.loss.std_normalize, s.rng)
     for key in (M.SOLVE_ALL, M.SOLVE_NONE):
         stats[key] = _mean([st[key] for st in adv_stats])
     clip = cfg.loss.clip_mode == "always" or (cfg.loss.clip_mode == "until_replay" and not s.replay_active)
@@ -208,6 +201,31 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
     stats[M.TRAIN_TOKENS_PER_S] = float(batch.attention_mask.sum()) / max(dt, 1e-9)
     stats[M.LR] = s.optimizer.param_groups[0]["lr"]
     return stats
+
+
+def shuffled_rows(groups: list[GroupResult], replayed: dict[str, Rollout], std_normalize: bool,
+                  rng) -> tuple[list[Rollout], list[float], list[int], list[dict]]:
+    """Mixed groups with group-relative advantages (paper Eq. 2), in a random group order.
+
+    (code) the collated batch is shuffled before it is cut into mini-batches, so fresh and mixed
+    groups share mini-batches; `rng` is the run's seeded generator (checkpointed, so a resumed run
+    draws the same order). A group's rows stay together and keep their order.
+
+    Returns rows, their advantages, the batch position of each row's group (`question_index`) and
+    each group's advantage stats (solve_all / solve_none).
+    """
+    order = list(range(len(groups)))
+    rng.shuffle(order)
+    rows, advs, qidx, adv_stats = [], [], [], []
+    for q, i in enumerate(order):
+        g = groups[i]
+        members = g.rollouts + ([replayed[g.question_uid]] if g.question_uid in replayed else [])
+        a, st = compute_group_advantages(torch.tensor([[r.reward for r in members]]), std_normalize)
+        adv_stats.append(st)
+        rows += members
+        advs += a[0].tolist()
+        qidx += [q] * len(members)
+    return rows, advs, qidx, adv_stats
 
 
 def buffer_snapshot(s: Session) -> dict:
