@@ -114,7 +114,8 @@ class RolloutConfig(_Section):
     rescore: Literal["auto", "always"] = "auto"
     """Trainer forward over fresh rollouts for behaviour log-probs and H(o). `always`: as verl / the
     authors' code. `auto`: skipped when the sampler's numbers already are the trainer's (transformers
-    engine, same weights, top_p = 1, no mixed precision: they differ only by float rounding)."""
+    engine, same weights, top_p = 1, sampling computed in float32 (model dtype and no mixed precision):
+    they differ only by float rounding)."""
     vllm_gpu_memory_utilization: float = Field(default=0.4, gt=0, lt=1)
     """(vllm) Share of each GPU the colocated engine may take (weights + KV cache)."""
     vllm_tensor_parallel_size: int = Field(default=1, ge=1)

@@ -88,13 +88,26 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
 def needs_rescore(s: Session) -> bool:
     """Whether fresh rollouts need the trainer's scoring forward (`rollout.rescore`, see its doc).
 
-    With the transformers engine at top_p = 1 and no mixed precision, the sampler's processed scores
+    With the transformers engine at top_p = 1 computing in float32, the sampler's processed scores
     are the trainer's logits / temperature from the same weights, so its log-probs and entropies are
     the trainer's up to float rounding (KV cache, padding side); TRL skips this pass the same way.
     """
     cfg = s.cfg.rollout
     return (cfg.rescore == "always" or not isinstance(s.engine, TransformersEngine) or cfg.top_p < 1
-            or getattr(s.accelerator, "mixed_precision", "no") != "no")
+            or sampler_dtype(s.engine.model, s.accelerator) != torch.float32)
+
+
+def sampler_dtype(model, accelerator) -> torch.dtype:
+    """The dtype the transformers sampler really computed in: the accelerator's autocast dtype under
+    mixed precision, else the model's floating-point parameters' (a bf16 model on CPU runs in bf16
+    whatever the accelerator says)."""
+    mixed = getattr(accelerator, "mixed_precision", "no")
+    if mixed in ("bf16", "fp16"):
+        return torch.bfloat16 if mixed == "bf16" else torch.float16
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
 
 
 def score_rollouts(s: Session, rollouts: list[Rollout], entropy_kind: str = "mean") -> None:
