@@ -180,8 +180,11 @@ class LossConfig(_Section):
     """beta in f(w) = w / (w + beta) on replayed tokens (paper/code: 0.1)."""
     policy_shaping: bool = True
     """Ablation switch: False uses the plain importance weight w on replayed tokens."""
-    aggregation: Literal["seq_sum_norm", "token_mean"] = "seq_sum_norm"
-    """seq_sum_norm: sum over tokens / (rows * max response length) (code, Dr.GRPO); token_mean: paper."""
+    aggregation: Literal["seq_sum_norm", "token_mean", "micro_sum_norm"] = "seq_sum_norm"
+    """seq_sum_norm: policy gradient and entropy summed over tokens / (rows * max response length) per
+    mini-batch (Dr.GRPO); token_mean: paper Eq. 4; micro_sum_norm (the authors' code, `paper`): per
+    micro-batch sum(pg) / max response length - entropy_coef * the micro-batch's token-mean entropy,
+    micro-batch losses summed, gradients averaged over the training processes."""
     std_normalize: bool = False
     """Divide advantages by the group std (off in paper and code, following Dr.GRPO)."""
     entropy_coef: float = Field(default=0.001, ge=0)
