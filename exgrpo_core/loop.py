@@ -133,6 +133,7 @@ def verify(s: Session, rollouts: list[Rollout]) -> dict:
     if (not s.replay_active and s.cfg.replay_questions > 0
             and selection.replay_should_start(frac, s.cfg.buffer.start_threshold)):
         s.replay_active = True
+        s.replay_started_step = s.step  # this step still trains as warm-up (clipped), as the authors'
         s.store.update_run(s.run_id, replay_active=True, replay_started_step=s.step)
     return {M.REWARD_MEAN: frac, M.VERIFY_TIMEOUTS: float(sum(r.reason == "timeout" for r in rollouts)),
             M.VERIFY_NO_ANSWER: float(sum(r.reason == "no_answer" for r in rollouts)),
@@ -190,7 +191,7 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
     rows, advs, qidx, adv_stats = shuffled_rows(groups, replayed, cfg.loss.std_normalize, s.rng)
     for key in (M.SOLVE_ALL, M.SOLVE_NONE):
         stats[key] = _mean([st[key] for st in adv_stats])
-    clip = cfg.loss.clip_mode == "always" or (cfg.loss.clip_mode == "until_replay" and not s.replay_active)
+    clip = clips_onpolicy(cfg.loss.clip_mode, s.replay_active and s.replay_started_step != s.step)
     onpolicy_term = (partial(losses.clipped_ratio_term, clip_eps=cfg.loss.clip_eps) if clip
                      else losses.unclipped_ratio_term)
     replay_term = (partial(losses.shaped_replay_term, beta=cfg.loss.shaping_beta) if cfg.loss.policy_shaping
@@ -214,6 +215,18 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
     stats[M.TRAIN_TOKENS_PER_S] = float(batch.attention_mask.sum()) / max(dt, 1e-9)
     stats[M.LR] = s.optimizer.param_groups[0]["lr"]
     return stats
+
+
+def clips_onpolicy(clip_mode: str, replay_on: bool) -> bool:
+    """Whether on-policy tokens get the PPO clip (code: clipped in the warm-up, unclipped with replay).
+
+    `replay_on`: replay was active when the step began; the step that switches it on (its correct
+    fraction passed the threshold) is still a warm-up step, as in the authors' code, which switches
+    after the step's update.
+    """
+    if clip_mode not in ("until_replay", "always", "never"):
+        raise ValueError(f"unknown clip mode {clip_mode!r}; choose from until_replay, always, never")
+    return clip_mode == "always" or (clip_mode == "until_replay" and not replay_on)
 
 
 def shuffled_rows(groups: list[GroupResult], replayed: dict[str, Rollout], std_normalize: bool,

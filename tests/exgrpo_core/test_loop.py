@@ -105,3 +105,18 @@ def test_fresh_and_mixed_groups_share_mini_batches_in_a_seeded_order():
             members = [rows[i] for i in range(len(rows)) if qidx[i] == q]
             assert len({r.question_uid for r in members}) == 1
     assert both >= 15  # all four mixed groups in one half: 2/70 of the orders
+
+
+def test_the_step_that_switches_replay_on_is_still_clipped(session, monkeypatch):
+    """(code) replay switches on after the step's update: that step trains with the warm-up's clip."""
+    terms = []
+    optimise = session.team.optimise
+    monkeypatch.setattr(session.team, "optimise", lambda batch, **kw: (terms.append(kw["onpolicy_term"]),
+                                                                      optimise(batch, **kw))[1])
+    assert not session.replay_active
+    first = loop.run_iteration(session)  # start_threshold 0: verify switches replay on at step 0
+    second = loop.run_iteration(session)
+    assert first["buffer/replay_active"] == 1 and second["buffer/replay_active"] == 1
+    assert getattr(terms[0], "func", None) is loop.losses.clipped_ratio_term
+    assert terms[1] is loop.losses.unclipped_ratio_term
+    assert loop.clips_onpolicy("always", True) and not loop.clips_onpolicy("never", False)
