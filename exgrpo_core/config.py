@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -159,8 +159,10 @@ class BufferConfig(_Section):
 
 
 class SelectionConfig(_Section):
-    question_weighting: Literal["gaussian", "uniform", "linear", "sqrt"] = "gaussian"
-    """Bucket weight w(Acc): Gaussian around 0.5 (default), or ablations."""
+    question_weighting: Literal["gaussian", "bucket_uniform", "question_uniform", "linear", "sqrt"] = "gaussian"
+    """Bucket weight w(Acc): Gaussian around 0.5 (default), or ablations: `question_uniform` draws every
+    pooled question equally (the paper's "w/o question selection"), `bucket_uniform` every non-empty
+    bucket equally, `linear` w = Acc, `sqrt` w = sqrt(Acc)."""
     sigma: float = Field(default=1.0, gt=0)
     """Gaussian width, in `sigma_unit`. Code: 1 success count = 1/K in accuracy."""
     sigma_unit: Literal["count", "accuracy"] = "count"
@@ -169,6 +171,15 @@ class SelectionConfig(_Section):
     """Which stored correct trajectory to replay: lowest current-policy entropy (default) or ablations."""
     entropy: Literal["mean", "nll"] = "mean"
     """Trajectory entropy: mean full-distribution entropy over response tokens, or mean NLL (ablation)."""
+
+    @field_validator("question_weighting", mode="before")
+    @classmethod
+    def _renamed_uniform(cls, v):
+        if v == "uniform":
+            raise ValueError("selection.question_weighting=uniform is ambiguous: use question_uniform (every "
+                             "pooled question equally, the paper's w/o question selection) or bucket_uniform "
+                             "(every bucket equally)")
+        return v
 
 
 class LossConfig(_Section):

@@ -43,8 +43,9 @@ def plan_batch(s: Session) -> BatchPlan:
         weights = selection.bucket_weights(cfg.rollout.group_size, cfg.selection.question_weighting,
                                            cfg.selection.sigma, cfg.selection.sigma_unit)
         # = selection.sample_questions(buffer_state.buckets, ...), reading only bucket sizes and chosen uids
-        replay = s.store.sample_replay_questions(s.run_id, cfg.rollout.group_size, cfg.replay_questions,
-                                                 weights, s.rng)
+        replay = s.store.sample_replay_questions(
+            s.run_id, cfg.rollout.group_size, cfg.replay_questions, weights, s.rng,
+            per_question=cfg.selection.question_weighting in selection.PER_QUESTION)
     fresh = s.sampler.next(cfg.train.batch_size - len(replay), exclude=set(replay),
                            retired=s.store.retired_uids(s.run_id) if cfg.buffer.skip_retired_fresh else set(),
                            skip_retired=cfg.buffer.skip_retired_fresh,

@@ -230,11 +230,11 @@ class ExperienceStore:
             return read_buffer_state(conn, run_id, group_size, with_buckets)
 
     def sample_replay_questions(self, run_id: str, group_size: int, n: int, weights: dict[int, float],
-                                rng: random.Random) -> list[str]:
+                                rng: random.Random, per_question: bool = False) -> list[str]:
         """ExGRPO question sampling (SPEC §1.2): n pooled questions, bucket by w(Acc), uniform inside.
 
         Returns exactly `selection.sample_questions(self.buffer_state(run_id, group_size).buckets, n,
-        weights, rng)`, with the same rng calls, but reads only the sizes of the buckets with a positive
+        weights, rng, per_question)`, with the same rng calls, but reads only the sizes of the buckets with a positive
         weight and the uids at the drawn slots: O(log pool) per bucket and per question.
         `group_size` must be the run's K; bad n or weights raise `selection.SelectionError` as there.
         The sizes and the uids are two statements: a writer changing this run's pool in between (none
@@ -247,7 +247,8 @@ class ExperienceStore:
             if K != group_size:
                 raise StoreError(f"run {run_id} has group_size {K}, not {group_size}")
             drawable = [k for k, w in weights.items() if isinstance(w, (int, float)) and w > 0]
-            picks = selection.sample_bucket_positions(bucket_sizes(conn, run_id, drawable), n, weights, rng)
+            picks = selection.sample_bucket_positions(bucket_sizes(conn, run_id, drawable), n, weights, rng,
+                                                      per_question)
             return pooled_uids_at(conn, run_id, picks)
 
     def candidates(self, run_id: str, question_uids: list[str], before_step: int,
