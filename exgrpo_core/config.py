@@ -154,6 +154,10 @@ class BufferConfig(_Section):
     """(code) Skip retired questions in on-policy sampling at the next pass over the data."""
     min_fresh_remaining: int = Field(default=64, ge=0)
     """... but only while at least this many unretired questions remain."""
+    zero_success: Literal["keep_bucket", "move"] = "keep_bucket"
+    """A pooled question whose fresh group scores 0/K: keep_bucket (code: the bucket update is skipped on
+    0 successes) or move (to bucket 0, never drawn for replay while it stays pooled). Counted either
+    way in `buffer/pooled_zero_success`."""
     store_all_rollouts: bool = True
     """Store every verified rollout (for analysis); only correct ones of eligible groups enter the pool."""
 

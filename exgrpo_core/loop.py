@@ -153,7 +153,8 @@ def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple
     stats = s.store.apply_buffer_update(
         s.run_id, plan.step, groups, group_size=s.cfg.rollout.group_size,
         collect=s.replay_active or b.collect_before_replay, collect_min_k=b.collect_min_k,
-        collect_max_k=s.cfg.collect_max_k, retire=b.retire_solved, store_all=b.store_all_rollouts)
+        collect_max_k=s.cfg.collect_max_k, retire=b.retire_solved, store_all=b.store_all_rollouts,
+        keep_bucket_on_zero=b.zero_success == "keep_bucket")
     fresh = [r.reward for g in groups if not g.is_replay for r in g.rollouts]
     stats[M.FRESH_PASS1] = _mean(fresh)
     stats[M.TIME_BUFFER] = time.perf_counter() - t0

@@ -29,6 +29,7 @@ COLLECTED = "buffer/collected"
 DUPLICATES = "buffer/duplicates"
 NEWLY_RETIRED = "buffer/newly_retired"
 STORED_ROLLOUTS = "buffer/stored_rollouts"
+POOLED_ZERO_SUCCESS = "buffer/pooled_zero_success"  # pooled questions whose group scored 0/K this step
 # selection
 REPLAYED_SAMPLES = "select/replayed_samples"
 REPLAYED_ENTROPY = "select/replayed_entropy"

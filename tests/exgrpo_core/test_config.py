@@ -35,6 +35,7 @@ def test_defaults_follow_spec():
     assert cfg.loss.aggregation == "seq_sum_norm" and cfg.loss.clip_mode == "until_replay"
     assert cfg.selection.trajectory == "argmin" and cfg.selection.question_weighting == "gaussian"
     assert cfg.replay_questions == 64
+    assert cfg.buffer.zero_success == "keep_bucket"  # (code) no bucket update on 0 successes
 
 
 def test_overrides_are_parsed_as_yaml_scalars():
