@@ -134,6 +134,10 @@ class RewardConfig(_Section):
     """(code) Require a `<think>...</think>` block and grade only the text after it."""
     workers: int = Field(default=1, ge=1)
     """Verifier processes (math-verify runs in separate processes so a hang can be killed)."""
+    truncated: Literal["grade", "zero"] = "grade"
+    """Responses cut at rollout.max_response_tokens: grade them like any other (code), or score them 0
+    (the last-number fallback can reward a cut-off response, which would then be stored and replayed
+    without EOS). Counted either way in `verify/truncated_rewarded`."""
 
 
 class BufferConfig(_Section):

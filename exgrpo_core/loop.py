@@ -130,6 +130,7 @@ def verify(s: Session, rollouts: list[Rollout]) -> dict:
     results = s.verify([r.text for r in rollouts], [s.questions[r.question_uid].answer for r in rollouts])
     for r, (reward, reason) in zip(rollouts, results):
         r.reward, r.reason = float(reward), reason
+    truncated_rewarded = apply_truncation_rule(rollouts, s.cfg.reward.truncated)
     frac = selection.batch_correct_fraction([r.reward for r in rollouts])
     if (not s.replay_active and s.cfg.replay_questions > 0
             and selection.replay_should_start(frac, s.cfg.buffer.start_threshold)):
@@ -138,7 +139,21 @@ def verify(s: Session, rollouts: list[Rollout]) -> dict:
         s.store.update_run(s.run_id, replay_active=True, replay_started_step=s.step)
     return {M.REWARD_MEAN: frac, M.VERIFY_TIMEOUTS: float(sum(r.reason == "timeout" for r in rollouts)),
             M.VERIFY_NO_ANSWER: float(sum(r.reason == "no_answer" for r in rollouts)),
+            M.VERIFY_TRUNCATED_REWARDED: float(truncated_rewarded),
             M.REPLAY_ACTIVE: float(s.replay_active), M.TIME_VERIFY: time.perf_counter() - t0}
+
+
+def apply_truncation_rule(rollouts: list[Rollout], rule: str) -> int:
+    """`reward.truncated`: grade (the authors: a response cut at the length limit is graded like any
+    other) or zero (it scores 0, reason `truncated`, so it is never collected or replayed without its
+    EOS). Returns how many truncated responses the grader rewarded (before zeroing)."""
+    if rule not in ("grade", "zero"):
+        raise ValueError(f"unknown reward.truncated rule {rule!r}; choose grade or zero")
+    hit = [r for r in rollouts if r.truncated and r.reward > 0]
+    if rule == "zero":
+        for r in hit:
+            r.reward, r.reason = 0.0, "truncated"
+    return len(hit)
 
 
 def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple[list[GroupResult], dict]:

@@ -120,3 +120,18 @@ def test_the_step_that_switches_replay_on_is_still_clipped(session, monkeypatch)
     assert getattr(terms[0], "func", None) is loop.losses.clipped_ratio_term
     assert terms[1] is loop.losses.unclipped_ratio_term
     assert loop.clips_onpolicy("always", True) and not loop.clips_onpolicy("never", False)
+
+
+@pytest.mark.parametrize("rule", ["grade", "zero"])
+def test_truncated_responses_are_graded_or_zeroed_and_the_rewarded_ones_counted(rule):
+    from types import SimpleNamespace
+
+    cfg = load_config("tiny", ["buffer.replay_ratio=0", f"reward.truncated={rule}"])
+    rows = [loop.Rollout("q", [1], [2], [0.0], "12", cut, 0) for cut in (True, True, False)]
+    s = SimpleNamespace(cfg=cfg, replay_active=False, step=0, questions={"q": SimpleNamespace(answer="12")},
+                        verify=lambda texts, answers: [(1.0, "correct"), (0.0, "wrong"), (1.0, "correct")])
+    stats = loop.verify(s, rows)
+    assert stats["verify/truncated_rewarded"] == 1  # the first: cut at the length limit, yet rewarded
+    assert [r.reward for r in rows] == ([1.0, 0.0, 1.0] if rule == "grade" else [0.0, 0.0, 1.0])
+    assert rows[0].reason == ("correct" if rule == "grade" else "truncated")
+    assert stats["rollout/reward_mean"] == pytest.approx(2 / 3 if rule == "grade" else 1 / 3)
