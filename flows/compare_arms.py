@@ -16,7 +16,7 @@ from typing import Literal
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import ConfigError, load_config
 
-# arm -> (overrides, paper in-distribution average for Qwen2.5-Math-7B, SPEC §1.4; None: not reported)
+# arm -> (overrides, paper in-distribution average for Qwen2.5-Math-7B (the paper's ablation table); None: not reported)
 ARMS: dict[str, tuple[tuple[str, ...], float | None]] = {
     "on_policy": (("buffer.replay_ratio=0",), 45.3),
     "exgrpo": ((), 48.3),
