@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -114,7 +114,8 @@ class RolloutConfig(_Section):
     rescore: Literal["auto", "always"] = "auto"
     """Trainer forward over fresh rollouts for behaviour log-probs and H(o). `always`: as verl / the
     authors' code. `auto`: skipped when the sampler's numbers already are the trainer's (transformers
-    engine, same weights, top_p = 1, no mixed precision: they differ only by float rounding)."""
+    engine, same weights, top_p = 1, sampling computed in float32 (model dtype and no mixed precision):
+    they differ only by float rounding)."""
     vllm_gpu_memory_utilization: float = Field(default=0.4, gt=0, lt=1)
     """(vllm) Share of each GPU the colocated engine may take (weights + KV cache)."""
     vllm_tensor_parallel_size: int = Field(default=1, ge=1)
@@ -133,6 +134,10 @@ class RewardConfig(_Section):
     """(code) Require a `<think>...</think>` block and grade only the text after it."""
     workers: int = Field(default=1, ge=1)
     """Verifier processes (math-verify runs in separate processes so a hang can be killed)."""
+    truncated: Literal["grade", "zero"] = "grade"
+    """Responses cut at rollout.max_response_tokens: grade them like any other (code), or score them 0
+    (the last-number fallback can reward a cut-off response, which would then be stored and replayed
+    without EOS). Counted either way in `verify/truncated_rewarded`."""
 
 
 class BufferConfig(_Section):
@@ -153,13 +158,19 @@ class BufferConfig(_Section):
     """(code) Skip retired questions in on-policy sampling at the next pass over the data."""
     min_fresh_remaining: int = Field(default=64, ge=0)
     """... but only while at least this many unretired questions remain."""
+    zero_success: Literal["keep_bucket", "move"] = "keep_bucket"
+    """A pooled question whose fresh group scores 0/K: keep_bucket (code: the bucket update is skipped on
+    0 successes) or move (to bucket 0, never drawn for replay while it stays pooled). Counted either
+    way in `buffer/pooled_zero_success`."""
     store_all_rollouts: bool = True
     """Store every verified rollout (for analysis); only correct ones of eligible groups enter the pool."""
 
 
 class SelectionConfig(_Section):
-    question_weighting: Literal["gaussian", "uniform", "linear", "sqrt"] = "gaussian"
-    """Bucket weight w(Acc): Gaussian around 0.5 (default), or ablations."""
+    question_weighting: Literal["gaussian", "bucket_uniform", "question_uniform", "linear", "sqrt"] = "gaussian"
+    """Bucket weight w(Acc): Gaussian around 0.5 (default), or ablations: `question_uniform` draws every
+    pooled question equally (the paper's "w/o question selection"), `bucket_uniform` every non-empty
+    bucket equally, `linear` w = Acc, `sqrt` w = sqrt(Acc)."""
     sigma: float = Field(default=1.0, gt=0)
     """Gaussian width, in `sigma_unit`. Code: 1 success count = 1/K in accuracy."""
     sigma_unit: Literal["count", "accuracy"] = "count"
@@ -168,6 +179,15 @@ class SelectionConfig(_Section):
     """Which stored correct trajectory to replay: lowest current-policy entropy (default) or ablations."""
     entropy: Literal["mean", "nll"] = "mean"
     """Trajectory entropy: mean full-distribution entropy over response tokens, or mean NLL (ablation)."""
+
+    @field_validator("question_weighting", mode="before")
+    @classmethod
+    def _renamed_uniform(cls, v):
+        if v == "uniform":
+            raise ValueError("selection.question_weighting=uniform is ambiguous: use question_uniform (every "
+                             "pooled question equally, the paper's w/o question selection) or bucket_uniform "
+                             "(every bucket equally)")
+        return v
 
 
 class LossConfig(_Section):
@@ -179,8 +199,11 @@ class LossConfig(_Section):
     """beta in f(w) = w / (w + beta) on replayed tokens (paper/code: 0.1)."""
     policy_shaping: bool = True
     """Ablation switch: False uses the plain importance weight w on replayed tokens."""
-    aggregation: Literal["seq_sum_norm", "token_mean"] = "seq_sum_norm"
-    """seq_sum_norm: sum over tokens / (rows * max response length) (code, Dr.GRPO); token_mean: paper."""
+    aggregation: Literal["seq_sum_norm", "token_mean", "micro_sum_norm"] = "seq_sum_norm"
+    """seq_sum_norm: policy gradient and entropy summed over tokens / (rows * max response length) per
+    mini-batch (Dr.GRPO); token_mean: paper Eq. 4; micro_sum_norm (the authors' code, `paper`): per
+    micro-batch sum(pg) / max response length - entropy_coef * the micro-batch's token-mean entropy,
+    micro-batch losses summed, gradients averaged over the training processes."""
     std_normalize: bool = False
     """Divide advantages by the group std (off in paper and code, following Dr.GRPO)."""
     entropy_coef: float = Field(default=0.001, ge=0)

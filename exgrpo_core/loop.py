@@ -43,8 +43,9 @@ def plan_batch(s: Session) -> BatchPlan:
         weights = selection.bucket_weights(cfg.rollout.group_size, cfg.selection.question_weighting,
                                            cfg.selection.sigma, cfg.selection.sigma_unit)
         # = selection.sample_questions(buffer_state.buckets, ...), reading only bucket sizes and chosen uids
-        replay = s.store.sample_replay_questions(s.run_id, cfg.rollout.group_size, cfg.replay_questions,
-                                                 weights, s.rng)
+        replay = s.store.sample_replay_questions(
+            s.run_id, cfg.rollout.group_size, cfg.replay_questions, weights, s.rng,
+            per_question=cfg.selection.question_weighting in selection.PER_QUESTION)
     fresh = s.sampler.next(cfg.train.batch_size - len(replay), exclude=set(replay),
                            retired=s.store.retired_uids(s.run_id) if cfg.buffer.skip_retired_fresh else set(),
                            skip_retired=cfg.buffer.skip_retired_fresh,
@@ -88,13 +89,26 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
 def needs_rescore(s: Session) -> bool:
     """Whether fresh rollouts need the trainer's scoring forward (`rollout.rescore`, see its doc).
 
-    With the transformers engine at top_p = 1 and no mixed precision, the sampler's processed scores
+    With the transformers engine at top_p = 1 computing in float32, the sampler's processed scores
     are the trainer's logits / temperature from the same weights, so its log-probs and entropies are
     the trainer's up to float rounding (KV cache, padding side); TRL skips this pass the same way.
     """
     cfg = s.cfg.rollout
     return (cfg.rescore == "always" or not isinstance(s.engine, TransformersEngine) or cfg.top_p < 1
-            or getattr(s.accelerator, "mixed_precision", "no") != "no")
+            or sampler_dtype(s.engine.model, s.accelerator) != torch.float32)
+
+
+def sampler_dtype(model, accelerator) -> torch.dtype:
+    """The dtype the transformers sampler really computed in: the accelerator's autocast dtype under
+    mixed precision, else the model's floating-point parameters' (a bf16 model on CPU runs in bf16
+    whatever the accelerator says)."""
+    mixed = getattr(accelerator, "mixed_precision", "no")
+    if mixed in ("bf16", "fp16"):
+        return torch.bfloat16 if mixed == "bf16" else torch.float16
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
 
 
 def score_rollouts(s: Session, rollouts: list[Rollout], entropy_kind: str = "mean") -> None:
@@ -116,14 +130,30 @@ def verify(s: Session, rollouts: list[Rollout]) -> dict:
     results = s.verify([r.text for r in rollouts], [s.questions[r.question_uid].answer for r in rollouts])
     for r, (reward, reason) in zip(rollouts, results):
         r.reward, r.reason = float(reward), reason
+    truncated_rewarded = apply_truncation_rule(rollouts, s.cfg.reward.truncated)
     frac = selection.batch_correct_fraction([r.reward for r in rollouts])
     if (not s.replay_active and s.cfg.replay_questions > 0
             and selection.replay_should_start(frac, s.cfg.buffer.start_threshold)):
         s.replay_active = True
+        s.replay_started_step = s.step  # this step still trains as warm-up (clipped), as the authors'
         s.store.update_run(s.run_id, replay_active=True, replay_started_step=s.step)
     return {M.REWARD_MEAN: frac, M.VERIFY_TIMEOUTS: float(sum(r.reason == "timeout" for r in rollouts)),
             M.VERIFY_NO_ANSWER: float(sum(r.reason == "no_answer" for r in rollouts)),
+            M.VERIFY_TRUNCATED_REWARDED: float(truncated_rewarded),
             M.REPLAY_ACTIVE: float(s.replay_active), M.TIME_VERIFY: time.perf_counter() - t0}
+
+
+def apply_truncation_rule(rollouts: list[Rollout], rule: str) -> int:
+    """`reward.truncated`: grade (the authors: a response cut at the length limit is graded like any
+    other) or zero (it scores 0, reason `truncated`, so it is never collected or replayed without its
+    EOS). Returns how many truncated responses the grader rewarded (before zeroing)."""
+    if rule not in ("grade", "zero"):
+        raise ValueError(f"unknown reward.truncated rule {rule!r}; choose grade or zero")
+    hit = [r for r in rollouts if r.truncated and r.reward > 0]
+    if rule == "zero":
+        for r in hit:
+            r.reward, r.reason = 0.0, "truncated"
+    return len(hit)
 
 
 def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple[list[GroupResult], dict]:
@@ -138,7 +168,8 @@ def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple
     stats = s.store.apply_buffer_update(
         s.run_id, plan.step, groups, group_size=s.cfg.rollout.group_size,
         collect=s.replay_active or b.collect_before_replay, collect_min_k=b.collect_min_k,
-        collect_max_k=s.cfg.collect_max_k, retire=b.retire_solved, store_all=b.store_all_rollouts)
+        collect_max_k=s.cfg.collect_max_k, retire=b.retire_solved, store_all=b.store_all_rollouts,
+        keep_bucket_on_zero=b.zero_success == "keep_bucket")
     fresh = [r.reward for g in groups if not g.is_replay for r in g.rollouts]
     stats[M.FRESH_PASS1] = _mean(fresh)
     stats[M.TIME_BUFFER] = time.perf_counter() - t0
@@ -173,18 +204,11 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
     """Mixed groups -> group-relative advantages -> mixed-policy loss -> optimiser steps (SPEC §1.3)."""
     t0 = time.perf_counter()
     cfg = s.cfg
-    rows, advs, qidx, stats = [], [], [], {}
-    adv_stats = []
-    for q, g in enumerate(groups):
-        members = g.rollouts + ([replayed[g.question_uid]] if g.question_uid in replayed else [])
-        a, st = compute_group_advantages(torch.tensor([[r.reward for r in members]]), cfg.loss.std_normalize)
-        adv_stats.append(st)
-        rows += members
-        advs += a[0].tolist()
-        qidx += [q] * len(members)
+    stats: dict[str, float] = {}
+    rows, advs, qidx, adv_stats = shuffled_rows(groups, replayed, cfg.loss.std_normalize, s.rng)
     for key in (M.SOLVE_ALL, M.SOLVE_NONE):
         stats[key] = _mean([st[key] for st in adv_stats])
-    clip = cfg.loss.clip_mode == "always" or (cfg.loss.clip_mode == "until_replay" and not s.replay_active)
+    clip = clips_onpolicy(cfg.loss.clip_mode, s.replay_active and s.replay_started_step != s.step)
     onpolicy_term = (partial(losses.clipped_ratio_term, clip_eps=cfg.loss.clip_eps) if clip
                      else losses.unclipped_ratio_term)
     replay_term = (partial(losses.shaped_replay_term, beta=cfg.loss.shaping_beta) if cfg.loss.policy_shaping
@@ -208,6 +232,43 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
     stats[M.TRAIN_TOKENS_PER_S] = float(batch.attention_mask.sum()) / max(dt, 1e-9)
     stats[M.LR] = s.optimizer.param_groups[0]["lr"]
     return stats
+
+
+def clips_onpolicy(clip_mode: str, replay_on: bool) -> bool:
+    """Whether on-policy tokens get the PPO clip (code: clipped in the warm-up, unclipped with replay).
+
+    `replay_on`: replay was active when the step began; the step that switches it on (its correct
+    fraction passed the threshold) is still a warm-up step, as in the authors' code, which switches
+    after the step's update.
+    """
+    if clip_mode not in ("until_replay", "always", "never"):
+        raise ValueError(f"unknown clip mode {clip_mode!r}; choose from until_replay, always, never")
+    return clip_mode == "always" or (clip_mode == "until_replay" and not replay_on)
+
+
+def shuffled_rows(groups: list[GroupResult], replayed: dict[str, Rollout], std_normalize: bool,
+                  rng) -> tuple[list[Rollout], list[float], list[int], list[dict]]:
+    """Mixed groups with group-relative advantages (paper Eq. 2), in a random group order.
+
+    (code) the collated batch is shuffled before it is cut into mini-batches, so fresh and mixed
+    groups share mini-batches; `rng` is the run's seeded generator (checkpointed, so a resumed run
+    draws the same order). A group's rows stay together and keep their order.
+
+    Returns rows, their advantages, the batch position of each row's group (`question_index`) and
+    each group's advantage stats (solve_all / solve_none).
+    """
+    order = list(range(len(groups)))
+    rng.shuffle(order)
+    rows, advs, qidx, adv_stats = [], [], [], []
+    for q, i in enumerate(order):
+        g = groups[i]
+        members = g.rollouts + ([replayed[g.question_uid]] if g.question_uid in replayed else [])
+        a, st = compute_group_advantages(torch.tensor([[r.reward for r in members]]), std_normalize)
+        adv_stats.append(st)
+        rows += members
+        advs += a[0].tolist()
+        qidx += [q] * len(members)
+    return rows, advs, qidx, adv_stats
 
 
 def buffer_snapshot(s: Session) -> dict:

@@ -20,6 +20,7 @@ SAMPLER_TRAINER_GAP = "rollout/logprob_gap"
 RESPONSES = "rollout/responses"
 VERIFY_TIMEOUTS = "verify/timeouts"
 VERIFY_NO_ANSWER = "verify/no_answer"
+VERIFY_TRUNCATED_REWARDED = "verify/truncated_rewarded"  # responses cut at the length limit the grader rewarded
 # buffer
 BUFFER_QUESTIONS = "buffer/questions"
 BUFFER_TRAJECTORIES = "buffer/trajectories"
@@ -29,6 +30,7 @@ COLLECTED = "buffer/collected"
 DUPLICATES = "buffer/duplicates"
 NEWLY_RETIRED = "buffer/newly_retired"
 STORED_ROLLOUTS = "buffer/stored_rollouts"
+POOLED_ZERO_SUCCESS = "buffer/pooled_zero_success"  # pooled questions whose group scored 0/K this step
 # selection
 REPLAYED_SAMPLES = "select/replayed_samples"
 REPLAYED_ENTROPY = "select/replayed_entropy"

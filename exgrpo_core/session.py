@@ -54,6 +54,8 @@ class Session:
     rng: random.Random
     step: int = 0
     replay_active: bool = False
+    replay_started_step: int | None = None
+    """The step whose verification switched replay on (trained clipped, as a warm-up step)."""
     ref_model: torch.nn.Module | None = None
     resumed_from: int | None = None
     mlflow_run_id: str | None = None

@@ -110,7 +110,7 @@ def _meta(base: ExGRPOConfig, preset: str, overrides, arms, seeds, name: str, ev
              "(eval.every, and the final one) whose held-out pass@1 reached on_policy's final held-out "
              "pass@1 (mean over its seeds); — when it never did, or without evaluations; a mean row is — "
              "when any seed never did.",
-             "`paper ID avg (ref)`: the paper's in-distribution average for Qwen2.5-Math-7B (SPEC §1.4), "
+             "`paper ID avg (ref)`: the paper's in-distribution average for Qwen2.5-Math-7B (the paper's ablation table), "
              "a reference for the direction of each ablation, not comparable in scale."]
     return {"preset": preset, "overrides": list(overrides or []), "arms": parse_arms(arms),
             "seeds": parse_seeds(seeds), "steps": base.run.steps, "slots_per_step": B * K,

@@ -16,13 +16,13 @@ from typing import Literal
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import ConfigError, load_config
 
-# arm -> (overrides, paper in-distribution average for Qwen2.5-Math-7B, SPEC §1.4; None: not reported)
+# arm -> (overrides, paper in-distribution average for Qwen2.5-Math-7B (the paper's ablation table); None: not reported)
 ARMS: dict[str, tuple[tuple[str, ...], float | None]] = {
     "on_policy": (("buffer.replay_ratio=0",), 45.3),
     "exgrpo": ((), 48.3),
-    "no_question_selection": (("selection.question_weighting=uniform",), 46.7),
+    "no_question_selection": (("selection.question_weighting=question_uniform",), 46.7),
     "no_trajectory_selection": (("selection.trajectory=random",), 46.3),
-    "no_selection": (("selection.question_weighting=uniform", "selection.trajectory=random"), 46.1),
+    "no_selection": (("selection.question_weighting=question_uniform", "selection.trajectory=random"), 46.1),
     "highest_entropy": (("selection.trajectory=argmax",), 46.0),
     "rho_0.25": (("buffer.replay_ratio=0.25",), 46.4),
     "rho_0.75": (("buffer.replay_ratio=0.75",), 44.8),

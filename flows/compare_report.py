@@ -29,7 +29,7 @@ def arm_result(store: ExperienceStore, run_id: str, arm: str, seed: int, slots: 
 
     Budget per step: the groups hold B*K slots; experiential groups take one slot for a replayed
     trajectory, so generated = slots - experiential groups. A replay slot stays empty (`unfilled`) when
-    its question retires in that very step: its trajectories leave the pool before selection (SPEC §2 order).
+    its question retires in that very step: its trajectories leave the pool before selection (the iteration order of exgrpo_core/loop.py).
     """
     m = store.get_metrics(run_id, list(CURVE_KEYS))
     steps = [s for s, _ in m.get(M.REWARD_MEAN, [])]

@@ -4,7 +4,9 @@ On-policy rows use the PPO ratio term (clipped or not, chosen by the caller); re
 shaping f(w) = w / (w + beta) of the importance weight w = pi_theta / pi_behaviour. Deviations from
 the paper, following the authors' code: no (1 - rho) / rho weights on the two parts (the batch mix is
 the only weighting), and the default aggregation is sum over tokens / (rows * max response length)
-(Dr.GRPO); the paper's token mean is `token_mean_denominator`. Notation: N rows, T positions.
+(Dr.GRPO); the paper's token mean is `token_mean_denominator`; the authors' exact form (per
+micro-batch sum / max length, entropy as the micro-batch's token mean, averaged over ranks) is
+`micro_sum_norm_denominators`. Notation: N rows, T positions.
 """
 
 from __future__ import annotations
@@ -126,6 +128,18 @@ def seq_sum_norm_denominator(n_sequences: int, max_response_len: int) -> float:
     return float(n_sequences * max_response_len)
 
 
+def micro_sum_norm_denominators(micro_mask: torch.Tensor, max_response_len: int, ranks: int) -> tuple[float, float]:
+    """Authors' code aggregation: per micro-batch sum(pg) / max_len - entropy_coef * token-mean H.
+
+    Micro-batch losses are summed and gradients averaged over `ranks` processes, so this returns the
+    denominators of one micro-batch: (policy-gradient: max_len * ranks, entropy / KL: the
+    micro-batch's response tokens * ranks). Example: 3 response tokens, max_len 4, 1 rank -> (4.0, 3.0).
+    """
+    if max_response_len < 1 or ranks < 1:
+        raise LossInputError(f"max_response_len and ranks must be >= 1, got {max_response_len} and {ranks}")
+    return float(max_response_len * ranks), float(ranks) * max(float((micro_mask != 0).sum().item()), 1.0)
+
+
 def _masked_mean(x: torch.Tensor, sel: torch.Tensor) -> float:
     return float(x[sel].float().mean().item()) if bool(sel.any()) else 0.0
 
@@ -148,7 +162,7 @@ def mixed_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Ten
                       denominator: float | torch.Tensor, entropy_tok: torch.Tensor | None = None,
                       entropy_coef: float = 0.0, ref_logp: torch.Tensor | None = None,
                       kl_coef: float = 0.0, onpolicy_weight: torch.Tensor | None = None,
-                      ) -> tuple[torch.Tensor, dict[str, float]]:
+                      mean_denominator: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """ExGRPO Eq. 4 (code weighting): L = L_on + L_replay - entropy_coef H + kl_coef KL.
 
     Each part is `aggregate`d with the same mini-batch denominator, so micro-batch losses add up.
@@ -166,6 +180,8 @@ def mixed_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Ten
         denominator: built once per mini-batch (`token_mean_denominator` / `seq_sum_norm_denominator`).
         entropy_tok: [N, T] entropies (needed when entropy_coef > 0); ref_logp: [N, T] (kl_coef > 0).
         onpolicy_weight: [N, T] detached per-token factor on the on-policy term (TIS weights).
+        mean_denominator: the entropy and KL terms' own denominator (`micro_sum_norm_denominators`,
+            the authors' token mean per micro-batch); None: `denominator`.
 
     Returns:
         scalar loss and detached stats ("loss/...").
@@ -187,11 +203,12 @@ def mixed_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Ten
     rep_loss = aggregate(rep_tok, rep_mask, denominator)
     total = on_loss + rep_loss
     ent_value = kl_value = torch.zeros((), device=logp.device)
+    mean_denom = denominator if mean_denominator is None else mean_denominator
     if entropy_tok is not None:
-        ent_value = aggregate(entropy_tok, mask, denominator)  # -entropy_bonus_term summed
-        total = total + entropy_coef * aggregate(entropy_bonus_term(entropy_tok), mask, denominator)
+        ent_value = aggregate(entropy_tok, mask, mean_denom)  # -entropy_bonus_term summed
+        total = total + entropy_coef * aggregate(entropy_bonus_term(entropy_tok), mask, mean_denom)
     if ref_logp is not None:
-        kl_value = aggregate(kl_k3_term(logp, ref_logp), mask, denominator)
+        kl_value = aggregate(kl_k3_term(logp, ref_logp), mask, mean_denom)
         total = total + kl_coef * kl_value
     stats = {M.LOSS_TOTAL: float(total.detach()), M.LOSS_ONPOLICY: float(on_loss.detach()),
              M.LOSS_OFFPOLICY: float(rep_loss.detach()), M.LOSS_ENTROPY: float(ent_value.detach()),

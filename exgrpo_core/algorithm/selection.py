@@ -36,8 +36,13 @@ def _sqrt(acc: float, s: float) -> float:
 
 
 # w(Acc, s) -> unnormalised bucket weight; s is the Gaussian width in accuracy units.
+# bucket_uniform: every non-empty bucket equally likely; question_uniform: every pooled question equally
+# likely (the paper's "w/o question selection"), i.e. weight 1 per question (`PER_QUESTION`).
 BUCKET_WEIGHTINGS: dict[str, Callable[[float, float], float]] = {
-    "gaussian": _gaussian, "uniform": _uniform, "linear": _linear, "sqrt": _sqrt}
+    "gaussian": _gaussian, "bucket_uniform": _uniform, "question_uniform": _uniform, "linear": _linear,
+    "sqrt": _sqrt}
+PER_QUESTION = frozenset({"question_uniform"})
+"""Weightings whose weight is per question: a bucket is drawn in proportion to weight x its size."""
 _SIGMA_SCALE: dict[str, Callable[[float, int], float]] = {
     "count": lambda sigma, k: sigma / k, "accuracy": lambda sigma, k: sigma}
 
@@ -46,7 +51,8 @@ def bucket_weights(group_size: int, weighting: str, sigma: float, sigma_unit: st
     """ExGRPO question weighting w(Acc(q)), Acc = k/K, for buckets k = 1..K-1 (unnormalised).
 
     gaussian: exp(-(Acc - 0.5)^2 / (2 s^2)), s = sigma/K (unit "count", code) or sigma ("accuracy",
-    paper text); uniform: 1; linear: Acc; sqrt: sqrt(Acc).
+    paper text); bucket_uniform and question_uniform: 1 (per bucket / per question, see
+    `PER_QUESTION`); linear: Acc; sqrt: sqrt(Acc).
 
     Example: K = 8, gaussian, sigma = 1, count -> weights exp(-(k - 4)^2 / 2), i.e. normalised
     .004/.054/.242/.399/.242/.054/.004 for k = 1..7.
@@ -81,8 +87,11 @@ def _check_buckets(buckets: dict[int, list[str]], weights: dict[int, float]) -> 
 
 
 def sample_questions(buckets: dict[int, list[str]], n: int, weights: dict[int, float],
-                     rng: random.Random) -> list[str]:
+                     rng: random.Random, per_question: bool = False) -> list[str]:
     """ExGRPO question sampling: bucket with probability proportional to w(Acc), then uniform inside.
+
+    per_question: draw a bucket in proportion to w(Acc) x its remaining size instead, i.e. each
+    question with its own weight (uniform weights: the paper's "w/o question selection").
 
     Draws n questions without replacement. Each draw picks among the non-empty buckets with a
     positive weight, so when a bucket runs out its share goes to the others by their weights.
@@ -103,7 +112,7 @@ def sample_questions(buckets: dict[int, list[str]], n: int, weights: dict[int, f
     out: list[str] = []
     while len(out) < n and pools:
         keys = list(pools)
-        k = rng.choices(keys, weights=[weights[key] for key in keys])[0]
+        k = rng.choices(keys, weights=[weights[key] * (len(pools[key]) if per_question else 1) for key in keys])[0]
         pool = pools[k]
         i = rng.randrange(len(pool))
         pool[i], pool[-1] = pool[-1], pool[i]  # O(1) removal; order inside a bucket is irrelevant
@@ -114,7 +123,7 @@ def sample_questions(buckets: dict[int, list[str]], n: int, weights: dict[int, f
 
 
 def sample_bucket_positions(counts: dict[int, int], n: int, weights: dict[int, float],
-                            rng: random.Random) -> list[tuple[int, int]]:
+                            rng: random.Random, per_question: bool = False) -> list[tuple[int, int]]:
     """ExGRPO question sampling (SPEC §1.2, bucket by w(Acc), uniform inside) on bucket sizes only.
 
     The draw of `sample_questions` on buckets of these sizes, with the same rng calls in the same
@@ -124,7 +133,7 @@ def sample_bucket_positions(counts: dict[int, int], n: int, weights: dict[int, f
 
     Args:
         counts: {k: number of questions in bucket k} (>= 0).
-        n, weights, rng: as for `sample_questions`.
+        n, weights, rng, per_question: as for `sample_questions`.
     """
     if n < 0:
         raise SelectionError(f"n must be >= 0, got {n}")
@@ -137,7 +146,7 @@ def sample_bucket_positions(counts: dict[int, int], n: int, weights: dict[int, f
     out: list[tuple[int, int]] = []
     while len(out) < n and sizes:
         keys = list(sizes)
-        k = rng.choices(keys, weights=[weights[key] for key in keys])[0]
+        k = rng.choices(keys, weights=[weights[key] * (sizes[key] if per_question else 1) for key in keys])[0]
         last = sizes[k] - 1
         i = rng.randrange(last + 1)
         here = moved[k]

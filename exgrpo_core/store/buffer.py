@@ -34,6 +34,8 @@ class CollectRule:
     collect_max_k: int
     retire: bool
     store_all: bool
+    keep_bucket_on_zero: bool = False
+    """(code) a pooled question whose group has k = 0 keeps its bucket (the authors skip the update)."""
 
     def collects(self, k: int) -> bool:
         return self.collect and self.collect_min_k <= k <= self.collect_max_k
@@ -108,11 +110,14 @@ def apply_groups(conn: Connection, run_id: str, step: int, groups: list[GroupRes
     """ExGRPO §3.2 experience collection for one step's verified groups, in the caller's transaction.
 
     Returns:
-        buffer/collected, buffer/duplicates, buffer/newly_retired, buffer/stored_rollouts.
+        buffer/collected, buffer/duplicates, buffer/newly_retired, buffer/stored_rollouts,
+        buffer/pooled_zero_success (pooled questions whose group scored 0/K).
     """
     if not groups:
-        return {M.COLLECTED: 0.0, M.DUPLICATES: 0.0, M.NEWLY_RETIRED: 0.0, M.STORED_ROLLOUTS: 0.0}
+        return {M.COLLECTED: 0.0, M.DUPLICATES: 0.0, M.NEWLY_RETIRED: 0.0, M.STORED_ROLLOUTS: 0.0,
+                M.POOLED_ZERO_SUCCESS: 0.0}
     states = states_by_uid(conn, run_id, {g.question_uid for g in groups})
+    k_after, zero_pooled = bucket_after(groups, states, rule.keep_bucket_on_zero)
     newly_retired = {states[g.question_uid][0] for g in groups
                      if rule.retires(g.k) and not states[g.question_uid][1]}
     retired_after = {st[0] for st in states.values() if st[1]} | newly_retired
@@ -120,20 +125,40 @@ def apply_groups(conn: Connection, run_id: str, step: int, groups: list[GroupRes
     bulk_insert(conn, insert(GroupResultRow), [
         dict(run_id=run_id, question_id=states[g.question_uid][0], step=step, k=g.k, n=g.size,
              is_replay=g.is_replay) for g in groups])
-    _move_pool_slots(conn, run_id, step, groups, states, rows, newly_retired)
-    _update_states(conn, run_id, step, groups, states, rows)
+    _move_pool_slots(conn, run_id, step, k_after, states, rows, newly_retired)
+    _update_states(conn, run_id, step, groups, k_after, states, rows)
     if newly_retired:
         _retire(conn, run_id, step, sorted(newly_retired))
     insert_trajectories(conn, rows)
     return {M.COLLECTED: float(collected), M.DUPLICATES: float(duplicates),
-            M.NEWLY_RETIRED: float(len(newly_retired)), M.STORED_ROLLOUTS: float(len(rows))}
+            M.NEWLY_RETIRED: float(len(newly_retired)), M.STORED_ROLLOUTS: float(len(rows)),
+            M.POOLED_ZERO_SUCCESS: float(len(zero_pooled))}
 
 
-def _move_pool_slots(conn: Connection, run_id: str, step: int, groups: list[GroupResult], states: dict[str, tuple],
-                     rows: list[dict], newly_retired: set[int]) -> None:
+def bucket_after(groups: list[GroupResult], states: dict[str, tuple],
+                 keep_bucket_on_zero: bool) -> tuple[dict[str, int | None], set[str]]:
+    """ExGRPO bucket move (latest k) of each question after these groups, and the pooled questions that scored 0/K.
+
+    A question moves to the k of its last group; with `keep_bucket_on_zero` (the authors' code, which
+    skips the bucket update on 0 successes) a question pooled before the update keeps its bucket
+    when a group of it scores 0, instead of sitting in bucket 0, where it is never drawn.
+    """
+    k_after: dict[str, int | None] = {}
+    zero: set[str] = set()
+    for g in groups:
+        _, retired, k, pool, _ = states[g.question_uid]
+        pooled = not retired and pool > 0
+        if g.k == 0 and pooled:
+            zero.add(g.question_uid)
+        keep = keep_bucket_on_zero and g.k == 0 and pooled
+        k_after[g.question_uid] = k_after.get(g.question_uid, k) if keep else g.k
+    return k_after, zero
+
+
+def _move_pool_slots(conn: Connection, run_id: str, step: int, latest: dict[str, int | None],
+                     states: dict[str, tuple], rows: list[dict], newly_retired: set[int]) -> None:
     """Questions entering, leaving or changing pooled bucket keep the slots dense (store_replay.move_slots)."""
     added = Counter(r["question_id"] for r in rows if r["in_pool"])
-    latest = {g.question_uid: g.k for g in groups}  # the last group of a question sets its bucket
     leaving, joining = [], []
     for uid, k_after in latest.items():
         qid, retired, k, pool, slot = states[uid]
@@ -148,13 +173,13 @@ def _move_pool_slots(conn: Connection, run_id: str, step: int, groups: list[Grou
     move_slots(conn, run_id, step, leaving, joining)
 
 
-def _update_states(conn: Connection, run_id: str, step: int, groups: list[GroupResult],
+def _update_states(conn: Connection, run_id: str, step: int, groups: list[GroupResult], k_after: dict,
                    states: dict[str, tuple[int, bool]], rows: list[dict]) -> None:
-    """Bucket move (latest k), group count, last step and pool size of every question in the update."""
-    latest: dict[int, tuple[int, int]] = {}  # question_id -> (k of its last group, groups in this call)
+    """Bucket move (latest k, `bucket_after`), group count, last step and pool size of every question."""
+    latest: dict[int, tuple[int, int]] = {}  # question_id -> (its bucket after the call, groups in this call)
     for g in groups:
         qid = states[g.question_uid][0]
-        latest[qid] = (g.k, latest.get(qid, (0, 0))[1] + 1)
+        latest[qid] = (k_after[g.question_uid], latest.get(qid, (0, 0))[1] + 1)
     pooled = Counter(r["question_id"] for r in rows if r["in_pool"])
     qs = QuestionState
     stmt = update(qs).where(qs.run_id == bindparam("b_run"), qs.question_id == bindparam("b_qid")).values(

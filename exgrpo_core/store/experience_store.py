@@ -202,23 +202,25 @@ class ExperienceStore:
 
     def apply_buffer_update(self, run_id: str, step: int, groups: list[GroupResult], *, group_size: int,
                             collect: bool, collect_min_k: int, collect_max_k: int, retire: bool,
-                            store_all: bool) -> dict[str, float]:
+                            store_all: bool, keep_bucket_on_zero: bool = False) -> dict[str, float]:
         """ExGRPO §3.2 experience management for one step, all or nothing (SPEC §1.2).
 
         Every group is recorded in the history and moves its question to bucket k. Fresh correct
         responses of groups with collect_min_k <= k <= collect_max_k join the pool, de-duplicated by
         exact text; with `store_all` the other fresh responses are stored outside the pool. With
-        `retire`, k == group_size retires the question and its experiences leave the pool (kept).
+        `retire`, k == group_size retires the question and its experiences leave the pool (kept). With
+        `keep_bucket_on_zero` (code) a pooled question whose group scores k = 0 keeps its bucket.
 
         Returns:
-            {"buffer/collected", "buffer/duplicates", "buffer/newly_retired", "buffer/stored_rollouts"}:
-            experiences stored, correct responses dropped as duplicates, questions retired, rows written.
+            {"buffer/collected", "buffer/duplicates", "buffer/newly_retired", "buffer/stored_rollouts",
+            "buffer/pooled_zero_success"}: experiences stored, correct responses dropped as duplicates,
+            questions retired, rows written, pooled questions whose group scored 0/K.
         """
         for g in groups:
             bad = [r.question_uid for r in g.rollouts if r.question_uid != g.question_uid]
             if bad:
                 raise StoreError(f"group of question {g.question_uid!r} holds a rollout of question {bad[0]!r}")
-        rule = CollectRule(group_size, collect, collect_min_k, collect_max_k, retire, store_all)
+        rule = CollectRule(group_size, collect, collect_min_k, collect_max_k, retire, store_all, keep_bucket_on_zero)
         with write_transaction(self.engine, f"buffer update of run {run_id} at step {step}") as conn:
             self._require_run(conn, run_id)
             return apply_groups(conn, run_id, step, groups, rule)
@@ -230,11 +232,11 @@ class ExperienceStore:
             return read_buffer_state(conn, run_id, group_size, with_buckets)
 
     def sample_replay_questions(self, run_id: str, group_size: int, n: int, weights: dict[int, float],
-                                rng: random.Random) -> list[str]:
+                                rng: random.Random, per_question: bool = False) -> list[str]:
         """ExGRPO question sampling (SPEC §1.2): n pooled questions, bucket by w(Acc), uniform inside.
 
         Returns exactly `selection.sample_questions(self.buffer_state(run_id, group_size).buckets, n,
-        weights, rng)`, with the same rng calls, but reads only the sizes of the buckets with a positive
+        weights, rng, per_question)`, with the same rng calls, but reads only the sizes of the buckets with a positive
         weight and the uids at the drawn slots: O(log pool) per bucket and per question.
         `group_size` must be the run's K; bad n or weights raise `selection.SelectionError` as there.
         The sizes and the uids are two statements: a writer changing this run's pool in between (none
@@ -247,7 +249,8 @@ class ExperienceStore:
             if K != group_size:
                 raise StoreError(f"run {run_id} has group_size {K}, not {group_size}")
             drawable = [k for k, w in weights.items() if isinstance(w, (int, float)) and w > 0]
-            picks = selection.sample_bucket_positions(bucket_sizes(conn, run_id, drawable), n, weights, rng)
+            picks = selection.sample_bucket_positions(bucket_sizes(conn, run_id, drawable), n, weights, rng,
+                                                      per_question)
             return pooled_uids_at(conn, run_id, picks)
 
     def candidates(self, run_id: str, question_uids: list[str], before_step: int,

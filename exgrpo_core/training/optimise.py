@@ -6,7 +6,9 @@ micro-batches is exact. (code) an optimiser step whose gradient norm exceeds `sk
 skipped and counted.
 With several processes (`shard=(rank, world)`) each takes a share of every mini-batch's rows; the
 denominator is the whole mini-batch's, gradients are summed over processes before clipping, so the
-step equals the one-process step up to float rounding, whatever the shares' sizes.
+step equals the one-process step up to float rounding, whatever the shares' sizes. Aggregation
+`micro_sum_norm` is the authors' form instead: each micro-batch's loss has its own denominators
+(`losses.micro_sum_norm_denominators`) and gradients are averaged over processes, as in their code.
 """
 
 from __future__ import annotations
@@ -39,8 +41,11 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
     norms = 0.0
     for rows in minibatch_rows(batch.meta["question_index"], n_minibatches):
         mini = select_rows(batch, rows)
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown loss aggregation {aggregation!r}; choose from {AGGREGATIONS}")
         denom = (losses.token_mean_denominator(mini.response_mask) if aggregation == "token_mean"
                  else losses.seq_sum_norm_denominator(len(rows), max_response_len))
+        mean_denom = None
         optimizer.zero_grad(set_to_none=True)
         part = select_rows(mini, share_rows(mini, rank, world)) if world > 1 else mini
         micros: list[list[int] | None] = list(micro_batch_rows(part, micro_batch_size, micro_batch_tokens))
@@ -49,9 +54,12 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
         with _local_grads(model, 1 if sharded else world):
             for i, micro_rows in enumerate(micros):
                 micro = select_rows(part, micro_rows) if micro_rows is not None else select_rows(mini, [0])
+                if aggregation == "micro_sum_norm":  # (code) each micro-batch its own, averaged over ranks
+                    denom, mean_denom = losses.micro_sum_norm_denominators(micro.response_mask, max_response_len,
+                                                                           world)
                 loss, stats = _micro_loss(model, micro, denom, onpolicy_term, replay_term,
                                           entropy_coef, kl_coef, ref_model, micro_batch_size, temperature,
-                                          share_prompts)
+                                          share_prompts, mean_denom)
                 if sharded:  # reduce-scatter once, after the last pass; FSDP2 averages, we want the sum
                     model.set_requires_gradient_sync(i == len(micros) - 1)
                     loss = loss * world
@@ -99,6 +107,8 @@ def _local_grads(model, world: int):
     return model.no_sync() if world > 1 and hasattr(model, "no_sync") else contextlib.nullcontext()
 
 
+AGGREGATIONS = ("seq_sum_norm", "token_mean", "micro_sum_norm")
+"""Loss aggregation forms (config `loss.aggregation`)."""
 # Means over replayed tokens; the rest (clipfrac) are means over on-policy tokens.
 _WEIGHT_BY = {"loss/iw_mean": "loss/replay_tokens", "loss/iw_var": "loss/replay_tokens",
               "loss/shaped_iw_mean": "loss/replay_tokens"}
@@ -107,7 +117,7 @@ _ADDITIVE = ("loss/total", "loss/onpolicy", "loss/offpolicy", "loss/entropy", "l
 
 
 def _micro_loss(model, micro: TrainBatch, denom, onpolicy_term, replay_term, entropy_coef,
-                kl_coef, ref_model, micro_batch_size, temperature, share_prompts=True):
+                kl_coef, ref_model, micro_batch_size, temperature, share_prompts=True, mean_denom=None):
     """Forward one micro-batch and build the mixed-policy loss (ExGRPO Eq. 4, code weighting)."""
     logp, ent = policy.token_logprobs_and_entropy(
         model, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size,
@@ -124,4 +134,4 @@ def _micro_loss(model, micro: TrainBatch, denom, onpolicy_term, replay_term, ent
         logp, micro.old_logprobs, micro.advantages, micro.response_mask, micro.is_replay,
         onpolicy_term=onpolicy_term, replay_term=replay_term, denominator=denom,
         entropy_tok=ent, entropy_coef=entropy_coef, ref_logp=ref_logp, kl_coef=kl_coef,
-        onpolicy_weight=micro.tis_weights)
+        onpolicy_weight=micro.tis_weights, mean_denominator=mean_denom)

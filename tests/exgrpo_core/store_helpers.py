@@ -78,9 +78,10 @@ def group(uid: str, rewards: list[int], texts: list[str] | None = None, step: in
     return GroupResult(uid, [rollout(uid, float(r), t, step) for r, t in zip(rewards, texts)])
 
 
-def update(store, run_id, step, groups, group_size=4, collect=True, lo=1, hi=3, retire=True, store_all=True):
+def update(store, run_id, step, groups, group_size=4, collect=True, lo=1, hi=3, retire=True, store_all=True,
+           keep0=False):
     return store.apply_buffer_update(run_id, step, groups, group_size=group_size, collect=collect, collect_min_k=lo,
-                                     collect_max_k=hi, retire=retire, store_all=store_all)
+                                     collect_max_k=hi, retire=retire, store_all=store_all, keep_bucket_on_zero=keep0)
 
 
 def dump_run(store: ExperienceStore, run_id: str) -> dict[str, list[tuple]]:

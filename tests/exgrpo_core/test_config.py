@@ -35,6 +35,7 @@ def test_defaults_follow_spec():
     assert cfg.loss.aggregation == "seq_sum_norm" and cfg.loss.clip_mode == "until_replay"
     assert cfg.selection.trajectory == "argmin" and cfg.selection.question_weighting == "gaussian"
     assert cfg.replay_questions == 64
+    assert cfg.buffer.zero_success == "keep_bucket"  # (code) no bucket update on 0 successes
 
 
 def test_overrides_are_parsed_as_yaml_scalars():
@@ -87,3 +88,10 @@ def test_fsdp2_only_options_are_refused_without_fsdp2():
     with pytest.raises(ConfigError, match="train.cpu_offload needs train.sharding=fsdp2"):
         load_config("tiny", ["train.cpu_offload=true"])
     assert load_config("tiny", ["train.cpu_offload=true", "train.sharding=fsdp2"]).train.cpu_offload
+
+
+def test_ambiguous_uniform_weighting_names_the_two_choices():
+    with pytest.raises(ConfigError, match="question_uniform.*bucket_uniform"):
+        load_config("tiny", ["selection.question_weighting=uniform"])
+    assert load_config("tiny", ["selection.question_weighting=question_uniform"]).selection.question_weighting \
+        == "question_uniform"

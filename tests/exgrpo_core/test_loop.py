@@ -71,3 +71,67 @@ def test_replay_waits_for_the_correct_fraction_to_pass_the_threshold(tmp_path):
         s.close()
     assert all(m["buffer/replay_active"] == 0 and m["select/replayed_samples"] == 0 for m in stats)
     assert all(m["buffer/collected"] == 0 for m in stats)  # (code) no collection before replay starts
+
+
+def _groups(n_fresh: int, n_replay: int, K: int = 4):
+    """Fresh-then-replay groups, as `update_buffer` returns them, and their replayed trajectories."""
+    def roll(uid, i, replayed_from=None):
+        return loop.Rollout(uid, [1], [2, 3], [0.0, 0.0], "", False, 0, reward=float(i % 2),
+                            replayed_from=replayed_from)
+    groups = [loop.GroupResult(f"f{q}", [roll(f"f{q}", i) for i in range(K)]) for q in range(n_fresh)]
+    groups += [loop.GroupResult(f"r{q}", [roll(f"r{q}", i) for i in range(K - 1)], is_replay=True, replayed=1)
+               for q in range(n_replay)]
+    replayed = {f"r{q}": roll(f"r{q}", 1, replayed_from=q) for q in range(n_replay)}
+    return groups, replayed
+
+
+def test_fresh_and_mixed_groups_share_mini_batches_in_a_seeded_order():
+    """(code) the collated batch is shuffled: at rho = 0.5 and 2 mini-batches, mixed groups land in both."""
+    import random
+
+    from exgrpo_core.training.batch import minibatch_rows
+
+    groups, replayed = _groups(4, 4)
+    both = 0
+    for seed in range(20):
+        rows, advs, qidx, _ = loop.shuffled_rows(groups, replayed, False, random.Random(seed))
+        assert len(rows) == len(advs) == len(qidx) == 32
+        halves = minibatch_rows(qidx, 2)
+        mixed = [any(rows[i].question_uid.startswith("r") for i in half) for half in halves]
+        both += all(mixed)
+        again = loop.shuffled_rows(groups, replayed, False, random.Random(seed))
+        assert [r.question_uid for r in again[0]] == [r.question_uid for r in rows] and again[2] == qidx
+        for q in set(qidx):  # a group's rows stay together, the replayed trajectory last
+            members = [rows[i] for i in range(len(rows)) if qidx[i] == q]
+            assert len({r.question_uid for r in members}) == 1
+    assert both >= 15  # all four mixed groups in one half: 2/70 of the orders
+
+
+def test_the_step_that_switches_replay_on_is_still_clipped(session, monkeypatch):
+    """(code) replay switches on after the step's update: that step trains with the warm-up's clip."""
+    terms = []
+    optimise = session.team.optimise
+    monkeypatch.setattr(session.team, "optimise", lambda batch, **kw: (terms.append(kw["onpolicy_term"]),
+                                                                      optimise(batch, **kw))[1])
+    assert not session.replay_active
+    first = loop.run_iteration(session)  # start_threshold 0: verify switches replay on at step 0
+    second = loop.run_iteration(session)
+    assert first["buffer/replay_active"] == 1 and second["buffer/replay_active"] == 1
+    assert getattr(terms[0], "func", None) is loop.losses.clipped_ratio_term
+    assert terms[1] is loop.losses.unclipped_ratio_term
+    assert loop.clips_onpolicy("always", True) and not loop.clips_onpolicy("never", False)
+
+
+@pytest.mark.parametrize("rule", ["grade", "zero"])
+def test_truncated_responses_are_graded_or_zeroed_and_the_rewarded_ones_counted(rule):
+    from types import SimpleNamespace
+
+    cfg = load_config("tiny", ["buffer.replay_ratio=0", f"reward.truncated={rule}"])
+    rows = [loop.Rollout("q", [1], [2], [0.0], "12", cut, 0) for cut in (True, True, False)]
+    s = SimpleNamespace(cfg=cfg, replay_active=False, step=0, questions={"q": SimpleNamespace(answer="12")},
+                        verify=lambda texts, answers: [(1.0, "correct"), (0.0, "wrong"), (1.0, "correct")])
+    stats = loop.verify(s, rows)
+    assert stats["verify/truncated_rewarded"] == 1  # the first: cut at the length limit, yet rewarded
+    assert [r.reward for r in rows] == ([1.0, 0.0, 1.0] if rule == "grade" else [0.0, 0.0, 1.0])
+    assert rows[0].reason == ("correct" if rule == "grade" else "truncated")
+    assert stats["rollout/reward_mean"] == pytest.approx(2 / 3 if rule == "grade" else 1 / 3)

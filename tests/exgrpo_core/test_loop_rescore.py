@@ -59,11 +59,15 @@ def test_auto_skips_the_scoring_pass_and_gives_the_trainers_numbers(session, mon
     ({"top_p": 0.9}, True),
     ({"mixed_precision": "bf16"}, True),
     ({"engine": object()}, True),
+    ({"dtype": torch.bfloat16}, True),  # a bf16 model on CPU: no mixed precision, still bf16 sampling
+    ({"dtype": torch.float16}, True),
 ])
 def test_rescoring_is_kept_whenever_the_sampler_is_not_the_trainer(session, change, expected):
     for key in ("rescore", "top_p"):
         if key in change:
             setattr(session.cfg.rollout, key, change[key])
+    if "dtype" in change:
+        session.engine.model.to(change["dtype"])
     fake = SimpleNamespace(cfg=session.cfg, engine=change.get("engine", session.engine),
                            accelerator=SimpleNamespace(mixed_precision=change.get("mixed_precision", "no")))
     assert loop.needs_rescore(fake) is expected

@@ -29,12 +29,12 @@ def test_every_arm_gets_its_overrides_a_stable_unique_name_and_the_seed():
     by = {(r.arm, r.seed): r.cfg for r in runs}
     assert by["on_policy", 0].buffer.replay_ratio == 0 and by["exgrpo", 0].buffer.replay_ratio == 0.5
     assert by["rho_0.25", 3].buffer.replay_ratio == 0.25 and by["rho_0.75", 0].buffer.replay_ratio == 0.75
-    assert by["no_question_selection", 0].selection.question_weighting == "uniform"
+    assert by["no_question_selection", 0].selection.question_weighting == "question_uniform"
     assert by["no_question_selection", 0].selection.trajectory == "argmin"
     assert by["no_trajectory_selection", 0].selection.trajectory == "random"
     assert by["no_trajectory_selection", 0].selection.question_weighting == "gaussian"
     assert by["no_selection", 0].selection.trajectory == "random"
-    assert by["no_selection", 0].selection.question_weighting == "uniform"
+    assert by["no_selection", 0].selection.question_weighting == "question_uniform"
     assert by["highest_entropy", 0].selection.trajectory == "argmax"
     assert by["no_policy_shaping", 0].loss.policy_shaping is False
     assert by["exgrpo", 0].loss.policy_shaping is True

@@ -78,6 +78,41 @@ def test_mixed_policy_loss_hand_worked():
     assert len(stats) == 12 and all(declared(k, 8) for k in stats)  # the metrics contract
 
 
+def _two_forms(aggregation: str, ranks: int = 1):
+    # rows: on-policy A = 1, 2 tokens; on-policy A = -.5, 1 token (the second masked); ratio 1 everywhere
+    # entropies [.5, 1] and [2, masked 9]; entropy_coef .1; max response length 4
+    mask = torch.tensor([[True, True], [True, False]])
+    if aggregation == "seq_sum_norm":
+        denom, mean_denom = L.seq_sum_norm_denominator(2, 4), None
+    else:
+        denom, mean_denom = L.micro_sum_norm_denominators(mask, 4, ranks)
+    return L.mixed_policy_loss(
+        torch.zeros(2, 2), torch.zeros(2, 2), torch.tensor([1.0, -0.5]), mask, torch.tensor([False, False]),
+        onpolicy_term=L.unclipped_ratio_term, replay_term=SHAPE, denominator=denom,
+        entropy_tok=torch.tensor([[0.5, 1.0], [2.0, 9.0]]), entropy_coef=0.1, mean_denominator=mean_denom)
+
+
+def test_dr_grpo_aggregation_hand_worked():
+    # pg tokens -1, -1, +.5 -> sum -1.5; entropy sum 3.5; both / (2 rows x 4) = 8
+    # loss = -1.5 / 8 - .1 x 3.5 / 8 = -.1875 - .04375 = -.23125
+    loss, stats = _two_forms("seq_sum_norm")
+    assert loss.item() == pytest.approx(-0.23125, rel=1e-6)
+    assert stats["loss/onpolicy"] == pytest.approx(-0.1875, rel=1e-6)
+
+
+def test_authors_micro_batch_aggregation_hand_worked():
+    # (code) sum(pg) / max_len - coef x token-mean entropy: -1.5 / 4 - .1 x 3.5 / 3 = -.375 - .116667
+    loss, stats = _two_forms("micro_sum_norm")
+    assert loss.item() == pytest.approx(-0.375 - 0.35 / 3, rel=1e-6)
+    assert stats["loss/onpolicy"] == pytest.approx(-0.375, rel=1e-6)
+    assert stats["loss/entropy"] == pytest.approx(3.5 / 3, rel=1e-6)
+    # averaged over 2 ranks: each rank's loss is halved
+    assert _two_forms("micro_sum_norm", ranks=2)[0].item() == pytest.approx((-0.375 - 0.35 / 3) / 2, rel=1e-6)
+    assert L.micro_sum_norm_denominators(torch.tensor([[1, 1, 0], [1, 0, 0]]), 4, 1) == (4.0, 3.0)
+    with pytest.raises(L.LossInputError, match="ranks"):
+        L.micro_sum_norm_denominators(torch.ones(1, 1), 4, 0)
+
+
 # ---------------------------------------------------------------- (b) naive loop reference
 def _naive_term(name, logp, old, adv):
     out = torch.zeros_like(logp)

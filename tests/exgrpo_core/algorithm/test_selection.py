@@ -39,7 +39,7 @@ def test_ablation_weightings_match_naive_formulas():
         assert w == pytest.approx(k / 6)
     for k, w in S.bucket_weights(6, "sqrt", 1.0, "count").items():
         assert w == pytest.approx(math.sqrt(k / 6))
-    assert set(S.bucket_weights(6, "uniform", 1.0, "count").values()) == {1.0}
+    assert set(S.bucket_weights(6, "bucket_uniform", 1.0, "count").values()) == {1.0}
     for k, w in S.bucket_weights(16, "gaussian", 2.0, "count").items():  # s = 2/16
         assert w == pytest.approx(math.exp(-((k / 16 - 0.5) ** 2) / (2 * (2 / 16) ** 2)))
 
@@ -73,6 +73,21 @@ def test_sampled_bucket_frequencies_follow_the_weights_chi_square():
     p = _normalise(weights)
     _, pvalue = chisquare([counts[k] for k in p], [5000 * p[k] for k in p])
     assert pvalue > 1e-3
+
+
+def test_question_uniform_draws_every_pooled_question_alike_and_bucket_uniform_every_bucket():
+    """The paper's "w/o question selection" is uniform over questions, not over buckets."""
+    buckets = _pool({1: 1, 4: 99})  # one question alone in bucket 1
+    w = S.bucket_weights(8, "question_uniform", 1.0, "count")
+    assert set(w.values()) == {1.0} and "question_uniform" in S.PER_QUESTION
+    lone = [S.sample_questions(buckets, 1, w, random.Random(s), per_question=True)[0] == "q1_0"
+            for s in range(3000)]
+    by_bucket = [S.sample_questions(buckets, 1, S.bucket_weights(8, "bucket_uniform", 1.0, "count"),
+                                    random.Random(s))[0] == "q1_0" for s in range(3000)]
+    assert 10 <= sum(lone) <= 55  # 1/100 of 3000 = 30
+    assert 1350 <= sum(by_bucket) <= 1650  # 1/2
+    whole = S.sample_questions(buckets, 100, w, random.Random(0), per_question=True)
+    assert sorted(whole) == sorted(q for qs in buckets.values() for q in qs)  # without replacement
 
 
 def test_uniform_inside_a_bucket():

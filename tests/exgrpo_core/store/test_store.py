@@ -27,7 +27,7 @@ def test_collection_bounds_all_wrong_and_all_right_groups_collect_nothing(store)
                    store_all=False)
     # only q2 (k = 2, inside 1..3) collects: its two correct responses
     assert stats == {"buffer/collected": 2.0, "buffer/duplicates": 0.0, "buffer/newly_retired": 1.0,
-                     "buffer/stored_rollouts": 2.0}
+                     "buffer/stored_rollouts": 2.0, "buffer/pooled_zero_success": 0.0}  # q0 was not pooled
     assert pooled_texts(store, run, q2) == [f"{q2} answer 0 reward 1", f"{q2} answer 2 reward 1"]
     assert pooled_texts(store, run, q0) == pooled_texts(store, run, q1) == []
 
@@ -89,6 +89,20 @@ def test_question_moves_bucket_when_a_new_group_is_verified(store):
     state = store.buffer_state(run, 4)
     assert state.buckets == {2: [q1], 3: [q0]}
     assert state.bucket_counts == {0: 0, 1: 0, 2: 1, 3: 1, 4: 0} and state.pool_questions == 2
+
+
+@pytest.mark.parametrize("keep0", [True, False])
+def test_pooled_question_scoring_zero_keeps_its_bucket_as_the_authors_or_moves(store, keep0):
+    """(code) the bucket update is skipped on 0 successes: the question stays drawable; counted either way."""
+    run, (q0, q1, q2, _) = new_run(store)
+    update(store, run, 0, [group(q0, [1, 0, 0, 0]), group(q1, [1, 1, 0, 0])])
+    stats = update(store, run, 1, [group(q0, [0, 0, 0, 0]), group(q2, [0, 0, 0, 0])], keep0=keep0)
+    assert stats["buffer/pooled_zero_success"] == 1.0  # q2 was never pooled
+    state = store.buffer_state(run, 4)
+    assert state.buckets == ({1: [q0], 2: [q1]} if keep0 else {0: [q0], 2: [q1]})
+    assert state.pool_questions == 2 and state.bucket_counts[0] == (1 if keep0 else 2)  # q2 sits in bucket 0
+    drawn = store.sample_replay_questions(run, 4, 2, {1: 1.0, 2: 1.0, 3: 1.0}, random.Random(0))
+    assert sorted(drawn) == sorted([q0, q1] if keep0 else [q1])
 
 
 def test_mixed_group_counts_the_replayed_trajectory_and_is_not_stored_again(store):

@@ -66,9 +66,10 @@ def check_same_as_reference(s: ExperienceStore, run_id: str, seeds: range) -> di
         r = random.Random(seed)
         weights = random_weights(r)
         n = r.choice([0, 1, 3, pool // 2, pool, pool + 7])
+        per_question = seed % 2 == 1
         ref_rng, db_rng = random.Random(seed * 31), random.Random(seed * 31)
-        want = selection.sample_questions(buckets, n, weights, ref_rng)
-        got = s.sample_replay_questions(run_id, K, n, weights, db_rng)
+        want = selection.sample_questions(buckets, n, weights, ref_rng, per_question)
+        got = s.sample_replay_questions(run_id, K, n, weights, db_rng, per_question)
         assert got == want, f"seed {seed}, n {n}, weights {weights}"
         assert db_rng.getstate() == ref_rng.getstate(), f"seed {seed}: rng consumed differently"
         drawable = sum(len(v) for k, v in buckets.items() if weights.get(k, 0) > 0)
@@ -85,8 +86,10 @@ def test_bucket_positions_replay_sample_questions_exactly():
         weights = {k: r.choice([0.0, 0.5, 1.0, 3.0]) for k in r.sample(range(10), r.randrange(10))}
         n = r.randrange(40)
         a, b = random.Random(seed), random.Random(seed)
-        want = selection.sample_questions(buckets, n, weights, a)
-        picks = selection.sample_bucket_positions({k: len(v) for k, v in buckets.items()}, n, weights, b)
+        per_question = seed % 2 == 1
+        want = selection.sample_questions(buckets, n, weights, a, per_question)
+        picks = selection.sample_bucket_positions({k: len(v) for k, v in buckets.items()}, n, weights, b,
+                                                  per_question)
         assert [buckets[k][i] for k, i in picks] == want and a.getstate() == b.getstate()
 
 

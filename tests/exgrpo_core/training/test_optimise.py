@@ -3,11 +3,12 @@
 import copy
 from functools import partial
 
+import pytest
 import torch
 from accelerate import Accelerator
 
 from exgrpo_core.algorithm import losses
-from exgrpo_core.training.batch import collate
+from exgrpo_core.training.batch import collate, micro_batch_rows
 from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.training.optimise import optimise
 from exgrpo_core.types import Rollout
@@ -26,13 +27,13 @@ def _setup(seed=0):
     return model, batch
 
 
-def _step(model, batch, micro, skip=None, lr=0.1):
+def _step(model, batch, micro, skip=None, lr=0.1, aggregation="seq_sum_norm", entropy_coef=0.001):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     acc = Accelerator(cpu=True)
     return optimise(model, opt, acc, batch, n_minibatches=1, micro_batch_size=micro,
                     onpolicy_term=partial(losses.clipped_ratio_term, clip_eps=0.2),
-                    replay_term=partial(losses.shaped_replay_term, beta=0.1), aggregation="seq_sum_norm",
-                    max_response_len=8, entropy_coef=0.001, kl_coef=0.0, ref_model=None,
+                    replay_term=partial(losses.shaped_replay_term, beta=0.1), aggregation=aggregation,
+                    max_response_len=8, entropy_coef=entropy_coef, kl_coef=0.0, ref_model=None,
                     max_grad_norm=1e9, skip_grad_norm=skip)
 
 
@@ -76,3 +77,24 @@ def test_length_ordered_micro_batches_cover_every_row_once_and_change_nothing():
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5, msg=name)
     assert abs(sa["loss/total"] - sb["loss/total"]) < 1e-6
+
+
+def test_authors_aggregation_scales_the_policy_gradient_by_the_rows_and_sums_micro_batches():
+    """micro_sum_norm (code): sum / max_len per micro-batch, summed; Dr.GRPO's divides by rows x max_len too."""
+    from exgrpo_core.training import policy
+
+    model, batch = _setup()
+    dr = _step(copy.deepcopy(model), batch, micro=6, lr=0.0)
+    whole = _step(copy.deepcopy(model), batch, micro=6, lr=0.0, aggregation="micro_sum_norm")
+    split = _step(copy.deepcopy(model), batch, micro=2, lr=0.0, aggregation="micro_sum_norm")
+    for key in ("loss/onpolicy", "loss/offpolicy"):  # 6 rows in the mini-batch
+        assert whole[key] == pytest.approx(6 * dr[key], rel=1e-5) and split[key] == pytest.approx(whole[key], rel=1e-5)
+    with torch.no_grad():  # the entropy term: a token mean per micro-batch, summed over micro-batches
+        _, ent = policy.token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, micro_batch_size=6,
+                                                   score_mask=batch.response_mask)
+    m = batch.response_mask
+    assert whole["loss/entropy"] == pytest.approx(float(ent[m].mean()), rel=1e-4)
+    assert dr["loss/entropy"] == pytest.approx(float(ent[m].sum()) / (6 * 8), rel=1e-4)
+    parts = micro_batch_rows(batch, 2)
+    assert len(parts) == 3
+    assert split["loss/entropy"] == pytest.approx(sum(float(ent[r][m[r]].mean()) for r in parts), rel=1e-4)
