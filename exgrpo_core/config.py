@@ -251,8 +251,11 @@ class EvalConfig(_Section):
     `data_source`) is a benchmark; repeated rows of one question are one question sampled more."""
     samples: int = Field(default=1, ge=1)
     """Responses per row; a question repeated r times in the file gets r * samples (pass@1 as avg@k)."""
-    temperature: float = Field(default=0.6, gt=0)
-    """Evaluation temperature (paper: 0.6)."""
+    temperature: float = Field(default=0.6, ge=0)
+    """Evaluation temperature (paper: 0.6); 0 is greedy decoding (one deterministic answer per question)."""
+    at_start: bool = False
+    """Also evaluate before the first training step (stored at step -1: the starting policy), so a
+    comparison knows each arm's improvement, not just where it ended."""
     top_p: float = Field(default=1.0, gt=0, le=1)
     """Evaluation nucleus sampling (paper: 1.0)."""
     max_response_tokens: int | None = Field(default=None, ge=1)

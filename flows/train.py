@@ -106,6 +106,8 @@ def train(preset: str = "tiny", overrides: list[str] | None = None,
                   "or set run.name to start a new run")
     stats: dict = {}
     try:
+        if evaluator:
+            evaluator.start(s, tracker)  # eval.at_start: the starting policy, once per run
         for step in range(s.step, cfg.run.steps):
             t0 = time.perf_counter()
             plan = select_questions(s)
