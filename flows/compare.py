@@ -142,6 +142,9 @@ def _meta(base: ExGRPOConfig, preset: str, overrides, arms, seeds, name: str, ev
              "(eval.every, and the final one) whose held-out pass@1 reached on_policy's final held-out "
              "pass@1 (mean over its seeds); — when it never did, or without evaluations; a mean row is — "
              "when any seed never did.",
+             "`held-out at step 0`: the starting policy (eval.at_start, stored at step -1); `held-out AUC`: "
+             "trapezoid area under held-out pass@1 against steps completed, divided by the steps spanned (the "
+             "mean held-out pass@1 over training). The statistics against on_policy follow the table.",
              "`paper ID avg (ref)`: the paper's in-distribution average for Qwen2.5-Math-7B (SPEC §1.4), "
              "a reference for the direction of each ablation, not comparable in scale."]
     return {"preset": preset, "overrides": list(overrides or []), "arms": parse_arms(arms),
