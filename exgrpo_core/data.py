@@ -28,7 +28,8 @@ def load_questions(path: str, *, question_key: str = "question", answer_key: str
                    system_prompt: str | None = None,
                    instruction: str = "Please reason step by step, and put your final answer within \\boxed{}.",
                    max_questions: int | None = None, locations: dict[str, str] | None = None) -> list[Question]:
-    """Read questions from `bundled:NAME`, a .jsonl / .parquet file, or `hf:NAME[:CONFIG][:SPLIT]`.
+    """Read questions from `bundled:NAME`, a .jsonl / .parquet file, `hf:NAME[:CONFIG][:SPLIT]` or
+    `gen:arith-<sft|train|test>` (generated two-digit arithmetic, exgrpo_core/arith_task.py).
 
     Args:
         path: where the questions are (see above).
@@ -93,6 +94,15 @@ def _open(path: str) -> tuple[str, Iterator[tuple[str, dict]]]:
         return name, _jsonl_rows(file)
     if path.startswith("hf:"):
         return _hf_rows(path)
+    if path.startswith("gen:"):  # generated in-process (exgrpo_core/arith_task.py)
+        from . import arith_task
+
+        name = path.removeprefix("gen:")
+        split = name.removeprefix("arith-")
+        if not name.startswith("arith-") or split not in arith_task.SPLITS:
+            raise DataError(f"{path}: no generated dataset {name!r}; available: "
+                            f"{', '.join('arith-' + s for s in arith_task.SPLITS)}")
+        return name, ((f"row {i + 1}", row) for i, row in enumerate(arith_task.rows(split)))
     file = Path(path).expanduser()
     if not file.is_file():
         raise DataError(f"{path}: file not found")

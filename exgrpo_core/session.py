@@ -224,13 +224,14 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
     random.seed(cfg.run.seed)
     source = str(ckpt) if ckpt else cfg.model.name_or_path
     model, tokenizer = models.load_policy(source, dtype=cfg.model.dtype, tiny=cfg.model.tiny.model_dump(),
-                                          seed=cfg.run.seed)
+                                          seed=cfg.run.seed, warm_start=cfg.model.warm_start.model_dump())
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     ref_model = None
     if cfg.loss.kl_coef > 0:
         ref_model, _ = models.load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype,
-                                          tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed)
+                                          tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed,
+                                          warm_start=cfg.model.warm_start.model_dump())
         ref_model.eval().requires_grad_(False)
     if cfg.rollout.engine == "vllm":  # vLLM loads the starting weights from a folder: write it before sharding
         source = _vllm_base(model, tokenizer, source, run_dir)

@@ -37,7 +37,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     from exgrpo_core.config_io import load_config
 
     cfg = load_config(args.config, args.set)  # fail on a bad config before Prefect starts
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")  # 20 s is short under load
     if int(os.environ.get("RANK", "0")) > 0:  # a follower under torchrun / accelerate launch: no Prefect, no DB
         from exgrpo_core.session import run_follower
 
@@ -94,7 +93,8 @@ def _prefect_start_errors(fn, **kw):
     except RuntimeError as e:
         if "ephemeral Prefect API server" not in str(e):
             raise
-        limit = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "20")
+        limit = os.environ.get(
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "20")  # flows/__init__.py sets 180 unless set
         raise PrefectStartError(
             f"Prefect's ephemeral API did not start within {limit} s (a loaded machine): raise "
             "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or set PREFECT_API_URL to a running server "

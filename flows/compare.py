@@ -14,6 +14,7 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from exgrpo_core.algorithm import selection
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import load_config
 from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
@@ -27,10 +28,11 @@ _task = task(cache_policy=NO_CACHE, persist_result=False)
 
 @_task
 def collect(run: ArmRun, summary: dict) -> dict:
-    """Read one finished child back from its experience database."""
+    """Read one finished child back from its experience database (and its eval/ folder)."""
     store = ExperienceStore(resolve_db_url(run.cfg.run.db_url, summary["run_dir"]))
     try:
-        out = report.arm_result(store, summary["run_id"], run.arm, run.seed, rollout_slots(run.cfg), run.paper_id_avg)
+        out = report.arm_result(store, summary["run_id"], run.arm, run.seed, rollout_slots(run.cfg), run.paper_id_avg,
+                                eval_dir=Path(summary["run_dir"]) / "eval", target_weights=_target_weights(run.cfg))
     finally:
         store.close()
     out["row"]["mlflow_run_id"] = summary["mlflow_run_id"]
@@ -58,12 +60,16 @@ def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list
                                                              "exgrpo.arms": ",".join(parse_arms(arms))})
     try:
         results = []
-        for run in runs:
-            print(f"arm {run.arm} seed {run.seed}: run {run.cfg.run.name}")
-            summary = train(preset=preset, config=run.cfg, parent_mlflow_run_id=parent.run_id)
-            results.append(collect(run, summary))
         out_dir = Path(base.run.output_dir).resolve() / name
         meta = _meta(base, preset, overrides, arms, seeds, name, evaluate, runs)
+        runs = sorted(runs, key=lambda r: parse_seeds(seeds).index(r.seed))  # seed-major, arms in order
+        for i, run in enumerate(runs):
+            summary = finished_summary(run.cfg)
+            print(f"arm {run.arm} seed {run.seed}: run {run.cfg.run.name}" + (" (finished: read back)" if summary else ""))
+            summary = summary or train(preset=preset, config=run.cfg, parent_mlflow_run_id=parent.run_id)
+            results.append(collect(run, summary))
+            if i + 1 < len(runs) and runs[i + 1].seed != run.seed:  # a seed's arms are all done: a matched
+                write_report(results, str(out_dir), name, meta)      # partial report, should the rest be cut off
         paths = write_report(results, str(out_dir), name, meta)
         for path in paths.values():
             parent.mlflow.MlflowClient().log_artifact(parent.run_id, path)
@@ -75,6 +81,32 @@ def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list
     print(Path(paths["md"]).read_text())
     return {"name": name, "parent_mlflow_run_id": parent.run_id, "files": paths,
             "rows": [r["row"] for r in results], "slots_per_step": rollout_slots(base)}
+
+
+def finished_summary(cfg: ExGRPOConfig) -> dict | None:
+    """A child run that already finished all its steps (status `finished`): the summary `collect` needs,
+    read from its database without opening a training session; None when it must (still) train."""
+    run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
+    if not run_dir.is_dir():
+        return None
+    store = ExperienceStore(resolve_db_url(cfg.run.db_url, run_dir))
+    try:
+        run_id = store.find_run_by_name(cfg.run.name)
+        row = store.get_run(run_id) if run_id else None
+    finally:
+        store.close()
+    if not row or row["status"] != "finished" or row["step"] < cfg.run.steps - 1:
+        return None
+    return {"run_id": run_id, "run_dir": str(run_dir), "mlflow_run_id": row["mlflow_run_id"]}
+
+
+def _target_weights(cfg: ExGRPOConfig) -> dict[int, float]:
+    """The arm's bucket weights w(k/K), k = 1..K-1 ({} for a weighting the selection rules do not list)."""
+    sel = cfg.selection
+    try:
+        return selection.bucket_weights(cfg.rollout.group_size, sel.question_weighting, sel.sigma, sel.sigma_unit)
+    except selection.SelectionError:
+        return {}
 
 
 def _find_parent(cfg: ExGRPOConfig, name: str) -> str | None:
@@ -110,6 +142,9 @@ def _meta(base: ExGRPOConfig, preset: str, overrides, arms, seeds, name: str, ev
              "(eval.every, and the final one) whose held-out pass@1 reached on_policy's final held-out "
              "pass@1 (mean over its seeds); — when it never did, or without evaluations; a mean row is — "
              "when any seed never did.",
+             "`held-out at step 0`: the starting policy (eval.at_start, stored at step -1); `held-out AUC`: "
+             "trapezoid area under held-out pass@1 against steps completed, divided by the steps spanned (the "
+             "mean held-out pass@1 over training). The statistics against on_policy follow the table.",
              "`paper ID avg (ref)`: the paper's in-distribution average for Qwen2.5-Math-7B (the paper's ablation table), "
              "a reference for the direction of each ablation, not comparable in scale."]
     return {"preset": preset, "overrides": list(overrides or []), "arms": parse_arms(arms),

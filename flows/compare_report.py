@@ -13,7 +13,9 @@ import math
 from pathlib import Path
 
 from exgrpo_core import metrics as M
+from exgrpo_core.evaluation import stats
 from exgrpo_core.store.experience_store import ExperienceStore
+from flows import compare_stats
 
 CURVE_KEYS = (M.REWARD_MEAN, M.FRESH_PASS1, M.RESPONSES, M.REPLAYED_SAMPLES, M.BUFFER_QUESTIONS,
               M.BUFFER_TRAJECTORIES, M.RETIRED_QUESTIONS)
@@ -24,14 +26,20 @@ class BudgetError(RuntimeError):
 
 
 def arm_result(store: ExperienceStore, run_id: str, arm: str, seed: int, slots: int,
-               paper_id_avg: float | None) -> dict:
+               paper_id_avg: float | None, eval_dir: Path | None = None,
+               target_weights: dict[int, float] | None = None) -> dict:
     """The table row and per-step curves of one child run, from its stored metrics, groups and evaluations.
 
     Budget per step: the groups hold B*K slots; experiential groups take one slot for a replayed
     trajectory, so generated = slots - experiential groups. A replay slot stays empty (`unfilled`) when
     its question retires in that very step: its trajectories leave the pool before selection (the iteration order of exgrpo_core/loop.py).
+    Also: bucket counts per step, replays per source bucket (with the arm's target weights), the area
+    under the held-out curve, and per-question results of the first and last evaluation (`eval_dir`:
+    the run's eval/ folder of samples.jsonl files).
     """
-    m = store.get_metrics(run_id, list(CURVE_KEYS))
+    K = (store.get_run(run_id) or {}).get("group_size") or 0
+    buckets = [M.bucket_key(k) for k in range(K + 1)]
+    m = store.get_metrics(run_id, list(CURVE_KEYS) + buckets)
     steps = [s for s, _ in m.get(M.REWARD_MEAN, [])]
     curve = {k: [v for _, v in m.get(k, [])] for k in CURVE_KEYS}
     generated = curve[M.RESPONSES]
@@ -50,12 +58,30 @@ def arm_result(store: ExperienceStore, run_id: str, arm: str, seed: int, slots: 
            "retired": last[M.RETIRED_QUESTIONS], "heldout": heldout(store, run_id), "paper_id_avg": paper_id_avg}
     row["heldout_avg"] = row["heldout"].pop("average", math.nan)
     curves = {"step": steps, **{k: curve[k] for k in CURVE_KEYS},
-              "responses_cumulative": _cumsum(generated)}
-    at_step = dict(zip(steps, curves["responses_cumulative"]))
+              "responses_cumulative": _cumsum(generated),
+              "buckets": {str(k): [v for _, v in m.get(M.bucket_key(k), [])] for k in range(K + 1)}}
+    at_step = {-1: 0.0, **dict(zip(steps, curves["responses_cumulative"]))}  # step -1: the starting policy
     held = heldout_curve(store, run_id)  # evaluated after the step's update: responses through that step
     curves.update(heldout_step=[s for s, _ in held], heldout_pass1=[v for _, v in held],
                   heldout_responses=[at_step.get(s, math.nan) for s, _ in held])
-    return {"row": row, "curves": curves, "slot_trace": trace}
+    row["heldout_start"] = held[0][1] if held and held[0][0] == -1 else math.nan
+    row["heldout_auc"] = stats.area_under_curve([s + 1 for s, _ in held], [v for _, v in held])
+    row["replay_buckets"] = store.replay_buckets(run_id)
+    row["target_weights"] = dict(target_weights or {})
+    return {"row": row, "curves": curves, "slot_trace": trace, "questions": eval_questions(eval_dir)}
+
+
+def eval_questions(eval_dir: Path | None) -> dict:
+    """Per-question results of a run's first and last stored evaluation: {"first"/"last": {"step": s,
+    "correct": {uid: c}, "n": {uid: n}}}; {} without an eval folder. (Every step's would be large.)"""
+    files = sorted(Path(eval_dir).glob("step_*/samples.jsonl")) if eval_dir and Path(eval_dir).is_dir() else []
+    files = sorted(files, key=lambda f: int(f.parent.name.removeprefix("step_")))
+    out = {}
+    for label, f in (("first", files[0]), ("last", files[-1])) if files else ():
+        lines = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        out[label] = {"step": int(f.parent.name.removeprefix("step_")),
+                      "correct": {q["uid"]: q["correct"] for q in lines}, "n": {q["uid"]: q["n"] for q in lines}}
+    return out
 
 
 def _bad_steps(trace: list[tuple], slots: int) -> list[tuple]:
@@ -129,6 +155,7 @@ def mean_rows(rows: list[dict]) -> list[dict]:
 
 COLUMNS = [("arm", "arm"), ("seed", "seed"), ("final_reward", "final reward"), ("mean_reward", "mean reward"),
            ("final_fresh_pass1", "fresh pass@1"), ("heldout_avg", "held-out pass@1 avg"),
+           ("heldout_start", "held-out at step 0"), ("heldout_auc", "held-out AUC"),
            ("responses_generated", "responses generated"),
            ("responses_to_target", "responses to on-policy final held-out"), ("responses_per_step_min", "responses/step min"),
            ("responses_per_step_max", "responses/step max"), ("replayed", "replayed"),
@@ -151,19 +178,24 @@ def write_report(results: list[dict], out_dir: Path, name: str, meta: dict) -> d
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [r["row"] for r in results]
     add_responses_to_target(results)
+    paired, buckets = compare_stats.paired_stats(rows), compare_stats.replay_buckets(rows)
     all_rows = rows + (mean_rows(rows) if len({r["seed"] for r in rows}) > 1 else [])
     header, cells = table_rows(all_rows)
     stem = out_dir / f"compare_{name}"
     md = [f"# Comparison `{name}`", "", *meta.get("notes", []), "",
           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(c) + " |" for c in cells]
+    md += compare_stats.markdown(paired, buckets)
     paths = {"md": f"{stem}.md", "csv": f"{stem}.csv", "json": f"{stem}.json"}
     Path(paths["md"]).write_text("\n".join(md) + "\n")
     with open(paths["csv"], "w", newline="") as f:
         csv.writer(f).writerows([header, *cells])
     paths.update(plot(results, out_dir, name))
     doc = {"name": name, **{k: v for k, v in meta.items() if k != "notes"}, "rows": all_rows,
-           "curves": {f"{r['row']['arm']}/s{r['row']['seed']}": r["curves"] for r in results}, "files": paths}
+           "curves": {f"{r['row']['arm']}/s{r['row']['seed']}": r["curves"] for r in results},
+           "stats": {"paired_vs_on_policy": paired, "replay_buckets": buckets},
+           "eval_questions": {f"{r['row']['arm']}/s{r['row']['seed']}": r.get("questions", {}) for r in results},
+           "files": paths}
     Path(paths["json"]).write_text(json.dumps(_finite(doc), indent=1))
     return paths
 

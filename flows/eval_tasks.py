@@ -17,6 +17,7 @@ from exgrpo_core import metrics as M
 from exgrpo_core.config import ExGRPOConfig
 
 _task = task(cache_policy=NO_CACHE, persist_result=False)
+START_STEP = -1  # the step an evaluation of the starting policy is stored at (eval.at_start)
 
 
 def load_items(cfg: ExGRPOConfig) -> list[E.EvalItem]:
@@ -95,6 +96,12 @@ class TrainingEvaluator:
                           {**self.args, "engine": engine})
         return record(report, store=s.store, run_id=s.run_id, step=step, tracker=tracker,
                       out_dir=s.run_dir / "eval", label=self.cfg.run.name)
+
+    def start(self, s, tracker) -> dict | None:
+        """With eval.at_start: evaluate the starting policy once, stored at step -1 (before step 0)."""
+        if not self.cfg.eval.at_start or s.step != 0:
+            return None
+        return stored_summary(s.store, s.run_id, START_STEP) or self.run(s, tracker, START_STEP)
 
     def final(self, s, tracker) -> dict:
         """Evaluate at the last step unless that step's evaluation is already stored."""

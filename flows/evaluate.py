@@ -91,7 +91,8 @@ def evaluate(preset: str = "tiny", overrides: list[str] | None = None, model: st
             store.update_run(run_id, mlflow_run_id=tracker.run_id)
         try:
             policy, tokenizer = models.load_policy(target.source, dtype=cfg.model.dtype,
-                                                   tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed)
+                                                   tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed,
+                                                   warm_start=cfg.model.warm_start.model_dump())
             if torch.cuda.is_available():
                 policy = policy.cuda()
             with MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers) as v:

@@ -153,6 +153,8 @@ def _train_steps(s: Session, cfg: ExGRPOConfig, tracker: MlflowRun, evaluator) -
             print(f"run '{cfg.run.name}' already completed {s.step} steps: raise run.steps to continue it, "
                   "or set run.name to start a new run")
     stats: dict = {}
+    if evaluator:
+        evaluator.start(s, tracker)  # eval.at_start: the starting policy, once per run
     for step in range(s.step, cfg.run.steps):
         t0 = time.perf_counter()
         plan = select_questions(s)

@@ -78,8 +78,8 @@ class TransformersEngine:
             mask[row, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
         res = self.model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=True, past_key_values=self._shared_prefill(ids, mask),
-            temperature=temperature, top_p=self.top_p, top_k=0, max_new_tokens=max_new_tokens,
+            input_ids=ids, attention_mask=mask, past_key_values=self._shared_prefill(ids, mask),
+            **_sampling(temperature, self.top_p), max_new_tokens=max_new_tokens,
             pad_token_id=self.pad_id, eos_token_id=self.eos_ids, output_scores=True,
             return_dict_in_generate=True, synced_gpus=self.synced)
         seqs = res.sequences[:, width:].cpu()  # [n, T]
@@ -121,6 +121,13 @@ class TransformersEngine:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return Generation(response_ids=ids, logprobs=logp[:length].tolist(), text=text,
                           truncated=truncated, entropies=ent[:length].tolist())
+
+
+def _sampling(temperature: float, top_p: float) -> dict:
+    """`generate` arguments: sampling at `temperature`, or greedy decoding when it is 0 (evaluation only)."""
+    if temperature > 0:
+        return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+    return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
 
 
 def weight_chunks(named, max_bytes: int, prepare=lambda t: t):

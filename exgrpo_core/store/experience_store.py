@@ -349,6 +349,21 @@ class ExperienceStore:
                 out[step] = (slots + n, replay + int(is_replay))
         return dict(sorted(out.items()))
 
+    def replay_buckets(self, run_id: str) -> dict[int, int]:
+        """{k: experiential groups whose question's previous group had k correct}: the bucket each
+        replayed question was drawn from (its latest k before that step's group)."""
+        G = GroupResultRow
+        last: dict[int, int] = {}
+        out: dict[int, int] = {}
+        with read_connection(self.engine, f"reading group history of run {run_id}") as conn:
+            rows = conn.execute(select(G.step, G.question_id, G.k, G.is_replay).where(G.run_id == run_id)
+                                .order_by(G.step, G.id))
+            for _step, qid, k, is_replay in rows:
+                if is_replay and qid in last:
+                    out[last[qid]] = out.get(last[qid], 0) + 1
+                last[qid] = k
+        return dict(sorted(out.items()))
+
     def get_metrics(self, run_id: str, keys: list[str] | None = None) -> dict[str, list[tuple[int, float]]]:
         """{key: [(step, value), ...]} in step order, for all keys or only `keys`."""
         q = select(StepMetric.key, StepMetric.step, StepMetric.value).where(StepMetric.run_id == run_id)

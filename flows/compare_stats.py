@@ -1,0 +1,110 @@
+"""The comparison's statistics: every arm against on_policy over paired seeds, and where replays came from.
+
+Pure functions over the rows of flows/compare_report.py (no Prefect); the numbers come from
+exgrpo_core/evaluation/stats.py. Paired: arm seed s minus on_policy seed s, only seeds both finished.
+"""
+
+from __future__ import annotations
+
+import math
+
+from exgrpo_core.evaluation import stats
+
+BASELINE = "on_policy"
+# row key -> (label, what a positive difference means)
+PAIRED_METRICS = {
+    "heldout_avg": ("final held-out pass@1", "higher is better"),
+    "heldout_auc": ("area under the held-out curve (mean pass@1 over steps)", "higher is better"),
+    "heldout_gain": ("held-out gain over step 0", "higher is better"),
+    "responses_to_target": ("responses to reach on-policy's final held-out pass@1", "lower is better; only "
+                            "seeds where both arms reached it"),
+}
+
+
+def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> dict:
+    """{arm: {metric: summary + per-seed differences}} for every arm but the baseline (seed rows only)."""
+    per = {}
+    for r in rows:
+        if r.get("seed") == "mean":
+            continue
+        if "heldout_gain" not in r:
+            r["heldout_gain"] = r.get("heldout_avg", math.nan) - r.get("heldout_start", math.nan)
+        per.setdefault(r["arm"], {})[r["seed"]] = r
+    if baseline not in per:
+        return {}
+    out = {}
+    for arm, by_seed in per.items():
+        if arm == baseline:
+            continue
+        out[arm] = {}
+        for key in PAIRED_METRICS:
+            diffs = stats.paired_differences({s: r.get(key, math.nan) for s, r in by_seed.items()},
+                                             {s: r.get(key, math.nan) for s, r in per[baseline].items()})
+            arm_vals = [by_seed[s].get(key, math.nan) for s in by_seed if s in per[baseline]]
+            base_vals = [per[baseline][s].get(key, math.nan) for s in by_seed if s in per[baseline]]
+            out[arm][key] = {**stats.summarise_differences(list(diffs.values()), seed=seed),
+                             "differences": {str(s): d for s, d in diffs.items()},
+                             "arm_mean": stats.mean(arm_vals), "baseline_mean": stats.mean(base_vals),
+                             "arm_reached": sum(not math.isnan(v) for v in arm_vals),
+                             "paired_seeds": sum(1 for s in by_seed if s in per[baseline])}
+    return out
+
+
+def replay_buckets(rows: list[dict]) -> dict:
+    """{arm: [{k, replayed, share, target}]}: replays summed over seeds by source bucket, against the
+    arm's target weights (normalised over k = 1..K-1; an empty bucket's share goes to the others)."""
+    out = {}
+    for arm in dict.fromkeys(r["arm"] for r in rows if r.get("seed") != "mean"):
+        group = [r for r in rows if r["arm"] == arm and r.get("seed") != "mean"]
+        counts: dict[int, float] = {}
+        for r in group:
+            for k, v in (r.get("replay_buckets") or {}).items():
+                counts[int(k)] = counts.get(int(k), 0) + v
+        weights = {int(k): v for k, v in (group[0].get("target_weights") or {}).items()}
+        if counts:
+            out[arm] = stats.replay_vs_target(counts, weights)
+    return out
+
+
+def markdown(paired: dict, buckets: dict) -> list[str]:
+    """The statistics section of the comparison's Markdown."""
+    if not paired and not buckets:
+        return []
+    lines = ["", "## Paired against on_policy", "",
+             "Per seed: arm minus on_policy with the same seed (same starting model, data order and sampling "
+             "seed). Mean difference, 95% Student-t interval and percentile bootstrap interval over the seeds; "
+             "`noise` means the t-interval holds 0: the data do not tell the arms apart.", "",
+             "| arm | metric | seeds | arm mean | on_policy mean | mean diff | 95% t-interval | 95% bootstrap | "
+             "seeds ahead / behind | verdict |", "|---|---|---:|---:|---:|---:|---|---|---|---|"]
+    for arm, metrics in paired.items():
+        for key, s in metrics.items():
+            label = PAIRED_METRICS[key][0]
+            digits = 0 if key == "responses_to_target" else 3
+            lines.append(f"| {arm} | {label} | {s['n']}/{s['paired_seeds']} | {_f(s['arm_mean'], digits)} | "
+                         f"{_f(s['baseline_mean'], digits)} | {_f(s['mean'], digits, True)} | "
+                         f"{_f(s['t_lo'], digits, True)} .. {_f(s['t_hi'], digits, True)} | "
+                         f"{_f(s['boot_lo'], digits, True)} .. {_f(s['boot_hi'], digits, True)} | "
+                         f"{s['ahead']} / {s['behind']} | {s['verdict']} |")
+    if paired:
+        lines += ["", "`seeds` = seeds in the statistic / paired seeds (responses-to-target uses only seeds where "
+                  "both arms reached on-policy's final mean; a lower number is better there)."]
+    if buckets:
+        lines += ["", "## Replays by source bucket", "",
+                  "Experiential questions by the bucket k (correct of K in the question's previous group) they were "
+                  "drawn from, summed over seeds, against the arm's target share w(k/K) normalised over k = 1..K-1. "
+                  "A share below target: that bucket was often empty (its weight went to the others).", "",
+                  "Cells: replayed (share vs target).", ""]
+        ks = sorted({r["k"] for rs in buckets.values() for r in rs})
+        lines += ["| arm | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+        for arm, rs in buckets.items():
+            by_k = {r["k"]: r for r in rs}
+            lines.append(f"| {arm} | " + " | ".join(
+                f"{by_k[k]['replayed']:.0f} ({_f(by_k[k]['share'], 2)} vs {_f(by_k[k]['target'], 2)})"
+                if k in by_k else "—" for k in ks) + " |")
+    return lines
+
+
+def _f(v, digits: int = 3, sign: bool = False) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    return f"{v:+.{digits}f}" if sign else f"{v:.{digits}f}"

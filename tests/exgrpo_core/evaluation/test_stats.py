@@ -1,0 +1,66 @@
+"""The comparison statistics on inputs whose answers are known by hand or from tables."""
+
+import math
+
+import pytest
+
+from exgrpo_core.evaluation import stats
+
+
+@pytest.mark.parametrize("p, df, expected", [(0.975, 1, 12.706), (0.975, 7, 2.365), (0.975, 15, 2.131),
+                                             (0.95, 3, 2.353), (0.5, 4, 0.0)])
+def test_t_quantile_matches_the_table(p, df, expected):
+    assert stats.t_quantile(p, df) == pytest.approx(expected, abs=1e-3)
+    assert stats.t_quantile(1 - p, df) == pytest.approx(-expected, abs=1e-3)
+
+
+def test_t_interval_by_hand():
+    xs = [1.0, 2.0, 3.0, 4.0]  # mean 2.5, sd sqrt(5/3), t(0.975, 3) = 3.1824
+    half = 3.1824 * math.sqrt(5 / 3) / 2
+    lo, hi = stats.t_interval(xs)
+    assert lo == pytest.approx(2.5 - half, abs=1e-3) and hi == pytest.approx(2.5 + half, abs=1e-3)
+    assert all(math.isnan(v) for v in stats.t_interval([1.0]))
+
+
+def test_bootstrap_interval_is_seeded_inside_the_range_and_degenerate_on_constants():
+    xs = [0.1, -0.05, 0.2, 0.0, 0.15, 0.05, 0.12, -0.02]
+    a = stats.bootstrap_interval(xs, seed=3)
+    assert a == stats.bootstrap_interval(xs, seed=3)
+    assert min(xs) <= a[0] < stats.mean(xs) < a[1] <= max(xs)
+    assert stats.bootstrap_interval([0.3] * 5) == (0.3, 0.3)
+    t_lo, t_hi = stats.t_interval(xs)
+    assert t_lo < a[0] and a[1] < t_hi  # percentile bootstrap is narrower than t for 8 values
+
+
+def test_paired_differences_use_only_matched_finite_seeds():
+    arm = {0: 0.5, 1: 0.6, 2: 0.7, 3: float("nan")}
+    base = {0: 0.4, 1: 0.65, 3: 0.1, 4: 0.2}
+    assert stats.paired_differences(arm, base) == pytest.approx({0: 0.1, 1: -0.05})
+
+
+def test_summary_verdicts():
+    ahead = stats.summarise_differences([0.1, 0.12, 0.09, 0.11])
+    assert ahead["verdict"] == "ahead" and ahead["ahead"] == 4 and ahead["t_lo"] > 0
+    assert stats.summarise_differences([-0.1, -0.12, -0.09])["verdict"] == "behind"
+    noise = stats.summarise_differences([0.1, -0.1, 0.05, -0.04])
+    assert noise["verdict"] == "noise" and noise["t_lo"] < 0 < noise["t_hi"]
+    assert noise["ahead"] == 2 and noise["behind"] == 2 and noise["mean"] == pytest.approx(0.0025)
+    assert stats.summarise_differences([0.3])["verdict"] == "too few seeds"
+
+
+def test_area_under_curve_is_the_mean_height():
+    assert stats.area_under_curve([0, 10, 20], [0.2, 0.4, 0.4]) == pytest.approx(0.35)
+    assert stats.area_under_curve([0, 5], [0.5, 0.5]) == pytest.approx(0.5)
+    assert math.isnan(stats.area_under_curve([3], [0.5]))
+
+
+def test_first_reaching():
+    assert stats.first_reaching([0, 64, 128], [0.2, 0.5, 0.6], 0.5) == 64
+    assert math.isnan(stats.first_reaching([0, 64], [0.2, 0.3], 0.5))
+    assert math.isnan(stats.first_reaching([0, 64], [0.2, 0.3], float("nan")))
+
+
+def test_replay_vs_target_shares():
+    rows = stats.replay_vs_target({3: 6, 4: 2}, {3: 1.0, 4: 1.0, 5: 2.0})
+    assert [(r["k"], r["replayed"], r["share"], r["target"]) for r in rows] == [
+        (3, 6, 0.75, 0.25), (4, 2, 0.25, 0.25), (5, 0, 0.0, 0.5)]

@@ -1,0 +1,61 @@
+"""The generated arithmetic task and the tiny model's supervised warm start (issue 15, part 1)."""
+
+import re
+
+import pytest
+
+from exgrpo_core import arith_task, warm_start
+from exgrpo_core.data import DataError, load_questions
+from exgrpo_core.models import TINY_SFT, build_tiny_tokenizer, load_policy
+from exgrpo_core.rewards import extract_final_answer
+
+
+def test_splits_are_disjoint_fixed_and_cover_every_problem():
+    parts = {name: arith_task.split(name) for name in arith_task.SPLITS}
+    assert len(parts["test"]) == 256 and len(parts["train"]) == 512
+    sets = [set(p) for p in parts.values()]
+    assert sum(map(len, sets)) == len(set().union(*sets)) == len(arith_task.all_problems())
+    assert arith_task.split("train") == parts["train"]
+    with pytest.raises(ValueError, match="unknown arith split"):
+        arith_task.split("dev")
+
+
+@pytest.mark.parametrize("op, a, b", [("+", 47, 38), ("+", 10, 10), ("-", 83, 47), ("-", 90, 30), ("-", 55, 55)])
+def test_every_worked_answer_is_distinct_correct_step_by_step_and_graded_right(op, a, b):
+    sols = arith_task.solutions(op, a, b)
+    assert len(sols) >= 2 and len(set(sols)) == len(sols)
+    for s in sols:
+        for x, o, y, z in re.findall(r"(-?\d+)([+-])(\d+)=(-?\d+)", s):
+            assert (int(x) + int(y) if o == "+" else int(x) - int(y)) == int(z), s
+        assert extract_final_answer(s) == str(arith_task.result(op, a, b))
+
+
+def test_gen_datasets_load_as_questions():
+    qs = load_questions("gen:arith-test", instruction="")
+    assert len(qs) == 256 and qs[0].source == "arith-test" and qs[0].messages[0]["content"].endswith("=?")
+    assert not {q.uid for q in qs} & {q.uid for q in load_questions("gen:arith-train", instruction="")}
+    with pytest.raises(DataError, match="no generated dataset"):
+        load_questions("gen:arith-dev")
+
+
+def test_fine_tune_lowers_the_loss_on_answer_tokens():
+    tok = build_tiny_tokenizer()
+    from exgrpo_core.models import build_tiny_model
+
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    losses = warm_start.fine_tune(model, tok, steps=30, lr=3e-3, batch_size=16, seed=0)
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+    ids, mask, labels = warm_start.batch_tensors([([5, 6], [7, 8]), ([5], [9])], pad_id=0)
+    assert labels.tolist() == [[-100, -100, 7, 8], [-100, 9, -100, -100]] and mask.tolist()[1] == [1, 1, 0, 0]
+
+
+def test_warm_start_is_cached_by_its_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("EXGRPO_CACHE", str(tmp_path))
+    tiny = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+    warm = {"steps": 2, "lr": 1e-3, "batch_size": 4, "seed": 0}
+    model, tok = load_policy(TINY_SFT, tiny=tiny, warm_start=warm)
+    folder = warm_start.cache_dir(tiny, warm)
+    assert folder.is_dir() and model.config.hidden_size == 32 and tok.eos_token == "<eos>"
+    monkeypatch.setattr(warm_start, "fine_tune", lambda *a, **k: pytest.fail("retrained a cached warm start"))
+    assert warm_start.warm_started(tiny, warm) == folder
+    assert warm_start.cache_dir(tiny, {**warm, "steps": 3}) != folder
