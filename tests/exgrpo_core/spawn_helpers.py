@@ -16,17 +16,27 @@ from exgrpo_core.rollout.weight_group import free_port
 _DONE_DIR = "EXGRPO_TEST_DONE_DIR"
 
 
-def run_two(target, *args, timeout: float = 300) -> tuple[list, list[int | None]]:
+def run_two(target, *args, timeout: float = 300, gpu: bool = False) -> tuple[list, list[int | None]]:
     """Start target(rank, *args, port, queue) for ranks 0 and 1; returns (what each put on the queue,
-    exit codes)."""
+    exit codes). The children see no GPU unless `gpu`: these are gloo tests, and on a GPU machine
+    Accelerate would otherwise put both on NCCL, which refuses two ranks on one GPU."""
     port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
     with tempfile.TemporaryDirectory() as done:
         os.environ[_DONE_DIR] = done  # the children inherit it
+        if not gpu:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
         procs = [ctx.Process(target=target, args=(r, *args, port, q)) for r in range(2)]
-        for p in procs:
-            p.start()
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            if hidden is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = hidden
         try:
             items = [q.get(timeout=timeout) for _ in procs]
             for p in procs:

@@ -135,3 +135,24 @@ def test_truncated_responses_are_graded_or_zeroed_and_the_rewarded_ones_counted(
     assert [r.reward for r in rows] == ([1.0, 0.0, 1.0] if rule == "grade" else [0.0, 0.0, 1.0])
     assert rows[0].reason == ("correct" if rule == "grade" else "truncated")
     assert stats["rollout/reward_mean"] == pytest.approx(2 / 3 if rule == "grade" else 1 / 3)
+
+
+def test_bf16_compute_keeps_float32_master_weights():
+    """A 1e-6 AdamW step (the GPU presets' lr) is lost on bf16 weights and kept on float32 masters,
+    which is why a bf16 GPU run trains float32 weights (the GPU side: training/test_cuda.py)."""
+    from types import SimpleNamespace
+
+    from exgrpo_core.session import adamw, master_dtype
+
+    cfg = load_config("tiny", ["model.dtype=bfloat16"])
+    assert master_dtype(cfg, SimpleNamespace(mixed_precision="bf16")) == "float32"
+    assert master_dtype(cfg, SimpleNamespace(mixed_precision="no")) == "bfloat16"  # CPU: as configured
+    moved = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        w = torch.nn.Parameter(torch.full((64,), 0.05, dtype=dtype))
+        start = w.detach().clone()
+        opt = adamw([w], lr=1e-6, weight_decay=0.0)
+        w.grad = torch.ones_like(w)
+        opt.step()
+        moved[dtype] = not torch.equal(w.detach(), start)
+    assert moved == {torch.bfloat16: False, torch.float32: True}

@@ -68,7 +68,7 @@ def test_generations_carry_the_servers_logprobs_for_per_prompt_counts(server, tr
     with torch.no_grad():  # the server's model scores its own samples as it sampled them
         logp, _ = policy.token_logprobs_and_entropy(server.backend.model, batch.input_ids, batch.attention_mask,
                                                     micro_batch_size=8, temperature=0.8)
-    torch.testing.assert_close(logp[batch.response_mask], batch.old_logprobs[batch.response_mask],
+    torch.testing.assert_close(logp.cpu()[batch.response_mask], batch.old_logprobs[batch.response_mask],
                                atol=1e-4, rtol=1e-4)
     torch.manual_seed(0)
     again = eng.generate(prompts, [3, 2], temperature=0.8, max_new_tokens=4)
@@ -89,7 +89,7 @@ def test_weight_push_makes_the_server_the_trainer_and_the_checks_prove_it(server
     assert server.version > version + 1  # more than one chunk went over
     assert stats["engine/sync_logprob_gap"] < 1e-5
     for a, b in zip(model.parameters(), server.backend.model.parameters()):
-        assert torch.equal(a, b)
+        assert torch.equal(a.cpu(), b.cpu())  # the server's model is on its GPU, if any
 
 
 def test_bad_requests_and_a_missing_server_get_named_errors(server, trainer_model):
@@ -115,7 +115,7 @@ def test_bad_requests_and_a_missing_server_get_named_errors(server, trainer_mode
         with pytest.raises(RemoteEngineError, match="shape"):
             eng.push_weights([("model.norm.weight", torch.zeros(3))])
         assert eng.push_weights([("model.norm.weight", torch.ones(SHAPE["hidden_size"]))]) == 1
-        assert torch.equal(server.backend.model.model.norm.weight, torch.ones(SHAPE["hidden_size"]))
+        assert torch.equal(server.backend.model.model.norm.weight.cpu(), torch.ones(SHAPE["hidden_size"]))
     with pytest.raises(RemoteEngineError, match="not reachable"):
         RemoteEngine("http://127.0.0.1:9", tok, timeout_s=5)
     unreachable = RemoteEngine(server.url, tok, transport="gloo", group_host="192.0.2.1", timeout_s=3)  # TEST-NET
@@ -141,7 +141,7 @@ def test_training_steps_sample_on_the_server_and_push_after_each(server, tmp_pat
     try:
         assert isinstance(s.engine, RemoteEngine)
         for a, b in zip(s.model.parameters(), server.backend.model.parameters()):  # pushed when opened
-            assert torch.equal(a.detach(), b)
+            assert torch.equal(a.detach().cpu(), b.cpu())
         for _ in range(2):
             before = server.version
             stats = loop.run_iteration(s)
@@ -149,6 +149,6 @@ def test_training_steps_sample_on_the_server_and_push_after_each(server, tmp_pat
             assert stats["engine/sync_logprob_gap"] < 1e-5
             assert stats["rollout/responses"] > 0
         for a, b in zip(s.model.parameters(), server.backend.model.parameters()):
-            assert torch.equal(a.detach(), b)
+            assert torch.equal(a.detach().cpu(), b.cpu())
     finally:
         s.close()
