@@ -251,11 +251,28 @@ def plan_kills(rng: random.Random, n: int, duration_s: float, steps: int) -> lis
             else ("checkpoint", rng.randrange(steps)) for _ in range(n)]
 
 
+def _save(args, duration: float, trials: list[dict]) -> None:
+    from bench_record import save_result
+
+    summary = {"trials": len(trials), "kills": sum(len(t["kills"]) for t in trials),
+               "kills_in_checkpoint_write": sum(k["in_checkpoint_write"] for t in trials for k in t["kills"]),
+               "finished": sum(t["finished"] for t in trials), "exact_resumes": sum(t["exact"] for t in trials),
+               "rows_lost": sum(t.get("rows_lost", 0) for t in trials),
+               "rows_extra": sum(t.get("rows_extra", 0) for t in trials),
+               "duplicate_points": sum(t.get("duplicate_points", 0) for t in trials),
+               "missing_points": sum(t.get("missing_points", 0) for t in trials),
+               "orphaned_runs": sum(t.get("orphaned_runs", 0) for t in trials),
+               "leaked_processes": sum(len(t["leaked"]) for t in trials)}
+    print(summary, flush=True)
+    save_result(f"fault_injection_{args.db}.json", {"db": args.db, "steps": args.steps, "seed": args.seed,
+                                                     "reference_s": round(duration, 1), "summary": summary,
+                                                     "trials": trials})
+
+
 def main() -> int:
     import tempfile
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_record import save_result
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=10)
@@ -290,19 +307,7 @@ def main() -> int:
         print(f"trial {i}: {len(run['kills'])} kills ({sum(k['in_checkpoint_write'] for k in run['kills'])} in a "
               f"checkpoint write), exact={diff['exact']}, leaked={len(run['leaked'])} "
               f"{ {k: v for k, v in diff.items() if k != 'exact'} }", flush=True)
-    summary = {"trials": len(trials), "kills": sum(len(t["kills"]) for t in trials),
-               "kills_in_checkpoint_write": sum(k["in_checkpoint_write"] for t in trials for k in t["kills"]),
-               "finished": sum(t["finished"] for t in trials), "exact_resumes": sum(t["exact"] for t in trials),
-               "rows_lost": sum(t.get("rows_lost", 0) for t in trials),
-               "rows_extra": sum(t.get("rows_extra", 0) for t in trials),
-               "duplicate_points": sum(t.get("duplicate_points", 0) for t in trials),
-               "missing_points": sum(t.get("missing_points", 0) for t in trials),
-               "orphaned_runs": sum(t.get("orphaned_runs", 0) for t in trials),
-               "leaked_processes": sum(len(t["leaked"]) for t in trials)}
-    print(summary)
-    save_result(f"fault_injection_{args.db}.json", {"db": args.db, "steps": args.steps, "seed": args.seed,
-                                                     "reference_s": round(duration, 1), "summary": summary,
-                                                     "trials": trials})
+        _save(args, duration, trials)  # after every trial: an interrupted benchmark keeps its figures
     return 0
 
 
