@@ -23,6 +23,8 @@ import weakref
 from collections import deque
 from multiprocessing.connection import wait
 
+from exgrpo_core import lifeline
+
 REASONS = ("correct", "wrong", "no_answer", "ambiguous", "no_think", "timeout", "error")
 TEST_HOOKS_ENV = "EXGRPO_VERIFY_TEST_HOOKS"
 """When "1" at MathVerifier construction, a response containing `_test_sleep(SECONDS)` makes the
@@ -127,6 +129,7 @@ def _check_gold(answer: str) -> tuple[float, str]:
 
 def _worker_main(conn, require_think: bool, test_hooks: bool) -> None:
     """Worker loop: receive a list of (response, answer), send one (reward, reason) per item as it is done."""
+    lifeline.die_with_parent()  # and PR_SET_PDEATHSIG from the forkserver: never outlive the trainer
     import logging
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" notice: we time out here
     import math_verify  # noqa: F401  - pay the import before announcing readiness
@@ -150,7 +153,8 @@ def _worker_main(conn, require_think: bool, test_hooks: bool) -> None:
 def _context():
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload([__name__])  # workers fork from a server that imported math-verify
+        # workers fork from a server that imported math-verify and that dies with the trainer
+        ctx.set_forkserver_preload([lifeline.FORKSERVER_PRELOAD, __name__])
         return ctx
     return mp.get_context("spawn")
 

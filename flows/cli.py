@@ -50,10 +50,13 @@ def cmd_train(args: argparse.Namespace) -> int:
                       f"steps={cfg.run.steps} run_dir={os.path.join(cfg.run.output_dir, cfg.run.name)}")
         if not os.environ.get("PREFECT_API_URL"):
             console.print("starting Prefect's ephemeral API (set PREFECT_API_URL to use a server)...")
+        from flows.prefect_api import serve_prefect_api
+
+        serve_prefect_api()  # before Prefect is imported; its API dies with this process (issue 16, item 6)
         from flows import train as train_flow
 
         train_flow.PROGRESS.append(_progress_line)
-        summary = _prefect_start_errors(train_flow.train, preset=cfg.preset, config=cfg)
+        summary = train_flow.train(preset=cfg.preset, config=cfg)
     except BaseException:
         if not existed and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".lock"}:
             shutil.rmtree(run_dir, ignore_errors=True)  # a failed start leaves no empty run directory
@@ -84,25 +87,6 @@ def _preflight(cfg, run_dir: Path) -> None:
     lock_run(run_dir, cfg.run.name, db_url)  # a second process on this run is refused here
     if cfg.run.resume != "never":
         checkpoint.resume_point(run_dir)  # a damaged checkpoint: set aside with a warning, or one line
-
-
-def _prefect_start_errors(fn, **kw):
-    """Call a flow; Prefect's ephemeral API failing to start in time is one line saying what to do."""
-    try:
-        return fn(**kw)
-    except RuntimeError as e:
-        if "ephemeral Prefect API server" not in str(e):
-            raise
-        limit = os.environ.get(
-            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "20")  # flows/__init__.py sets 180 unless set
-        raise PrefectStartError(
-            f"Prefect's ephemeral API did not start within {limit} s (a loaded machine): raise "
-            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or set PREFECT_API_URL to a running server "
-            "(infra/services.sh up)") from None
-
-
-class PrefectStartError(RuntimeError):
-    """Prefect's ephemeral API did not come up; the message says how to fix it."""
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -163,7 +147,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     targets = ([("model", m) for m in args.model] + [("checkpoint", c) for c in args.checkpoint]
                + [("run", r) for r in args.run]) or [("model", None)]
     from flows import evaluate as eval_flow
+    from flows.prefect_api import serve_prefect_api
 
+    serve_prefect_api()  # Prefect's API dies with this process
     summaries = {}
     for kind, value in targets:
         out = eval_flow.evaluate(preset=cfg.preset, config=cfg, **{kind: value})
@@ -183,6 +169,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     runs = build_arm_runs(args.config, args.set, arms, seeds, args.name or f"compare-{args.config}",
                           not args.no_eval)  # unknown arm or bad override: exit 2 before Prefect starts
     console.print(f"[bold]ExGRPO comparison[/bold]: {len(runs)} runs, arms {','.join(arms)}, seeds {seeds}")
+    from flows.prefect_api import serve_prefect_api
+
+    serve_prefect_api()  # before Prefect is imported; its API dies with this process
     from flows.compare import compare
 
     out = compare(preset=args.config, overrides=args.set, arms=arms, seeds=seeds, evaluate=not args.no_eval,

@@ -1,0 +1,85 @@
+"""Fault injection in the suite (issue 16): a tiny `exgrpo train` (SQLite, Prefect's ephemeral API,
+checkpoint every step) SIGKILLed at random moments, one of them during a checkpoint write, and rerun
+until it finishes, ends exactly where an uninterrupted run does: the same weights and optimiser, every
+experience row, one MLflow point per (metric, step), one finished run, and no process of a killed
+command left alive. Two trials here; `benchmarks/fault_injection.py` runs many."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import fault_injection as fi  # noqa: E402
+
+pytestmark = pytest.mark.slow
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run, its duration and its end state; the Prefect home shared by the trials."""
+    import time
+
+    work = tmp_path_factory.mktemp("fault-injection")
+    env = fi.environment(work / "prefect")
+    root = work / "reference"
+    root.mkdir()
+    db = fi.db_for("sqlite", root)
+    start = time.monotonic()
+    run = fi.run_until_done(fi.train_command(root, db, STEPS), env, root, [])
+    assert run["finished"], run["failures"]
+    assert not run["leaked"], run["leaked"]
+    return work, env, time.monotonic() - start, fi.final_state(root, db)
+
+
+def _trial(reference, name: str, kills):
+    work, env, _, ref = reference
+    root = work / name
+    root.mkdir()
+    db = fi.db_for("sqlite", root)
+    run = fi.run_until_done(fi.train_command(root, db, STEPS), env, root, kills)
+    assert run["finished"], run["failures"]
+    return run, fi.compare(ref, fi.final_state(root, db))
+
+
+def _check(run, diff, kills_expected: int):
+    assert len(run["kills"]) == kills_expected, run["kills"]
+    assert not run["leaked"], f"processes outlived the killed `exgrpo train`: {run['leaked']}"
+    assert diff["weights_equal"], "the resumed run's weights or optimiser differ from the uninterrupted run's"
+    assert (diff["rows_lost"], diff["rows_extra"]) == (0, 0), diff["lost_by_table"]
+    assert (diff["duplicate_points"], diff["missing_points"], diff["extra_points"]) == (0, 0, 0), diff
+    assert diff["orphaned_runs"] == 0 and diff["exact"], diff
+
+
+def test_killed_during_a_checkpoint_write_and_at_a_random_moment(reference):
+    rng = random.Random(16)
+    _, _, duration, _ = reference
+    kills = [("checkpoint", 1), ("time", round(rng.uniform(0.1, 0.5) * duration, 2))]
+    run, diff = _trial(reference, "ckpt", kills)
+    assert run["kills"][0]["kind"] == "checkpoint"
+    _check(run, diff, kills_expected=2)
+
+
+def test_killed_at_start_up(reference):
+    """Before the first checkpoint (Prefect and the model still starting): the rerun continues the same run."""
+    run, diff = _trial(reference, "startup", [("time", 3.0)])
+    _check(run, diff, kills_expected=1)
+
+
+def test_the_comparison_sees_a_lost_row_and_a_duplicated_point(reference):
+    """The harness itself: a state with one experience row fewer and one MLflow point twice is not exact."""
+    from collections import Counter
+
+    _, _, _, ref = reference
+    rows = {t: Counter(c) for t, c in ref["rows"].items()}
+    rows["trajectories"].subtract([next(iter(rows["trajectories"]))])
+    rows["trajectories"] += Counter()  # drop the zero count
+    points = Counter(ref["mlflow"]["points"])
+    points[next(iter(points))] += 1
+    diff = fi.compare(ref, {**ref, "rows": rows, "mlflow": {**ref["mlflow"], "points": points}})
+    assert diff["rows_lost"] == 1 and diff["duplicate_points"] == 1 and not diff["exact"]
