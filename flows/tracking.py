@@ -3,7 +3,8 @@
 Default store: `sqlite:///<output_dir>/mlflow.db` with artifacts beside it, shared by every run in
 that output folder so they can be compared; `MLFLOW_TRACKING_URI` or `run.mlflow_tracking_uri`
 points at a server instead, which is probed first so that a dead server is a clear error, not a hang.
-Several processes may start on one new local store at once: creation is serialised by a file lock.
+Several processes may start on one new local store at once: creation is serialised by a file lock,
+and a new store is built in a temporary file and renamed into place, so a kill mid-creation leaves none.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 import os
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 import yaml
@@ -58,6 +60,26 @@ def _creation_lock(uri: str):
     return contextlib.nullcontext()
 
 
+def _create_local_store(uri: str) -> None:
+    """Build a new local SQLite store in a temporary file and rename it into place (call under the
+    creation lock): a kill during MLflow's table creation leaves a stray temporary file, never a
+    half-built store that every later start fails on ("table ... already exists")."""
+    if not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri[len("sqlite:///"):])
+    if db.exists():
+        return
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    for stale in db.parent.glob(f".{db.name}.*.tmp"):  # left by a start killed mid-creation
+        stale.unlink(missing_ok=True)
+    tmp = db.with_name(f".{db.name}.{uuid.uuid4().hex}.tmp")  # a new name: MLflow caches engines by URI
+    store = SqlAlchemyStore(f"sqlite:///{tmp}", (db.parent / "mlartifacts").as_uri())
+    store.engine.dispose()
+    os.replace(tmp, db)
+
+
 class MlflowRun:
     """Owns the MLflow run of one training flow run (created, or continued on resume)."""
 
@@ -73,6 +95,7 @@ class MlflowRun:
         mlflow.set_tracking_uri(uri)
         self.uri = uri
         with _creation_lock(uri):  # concurrent starts on one new SQLite store: one creates, the others wait
+            _create_local_store(uri)
             experiment = mlflow.get_experiment_by_name(cfg.run.mlflow_experiment)
             if experiment is None:
                 artifacts = None

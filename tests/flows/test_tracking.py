@@ -65,3 +65,35 @@ def test_a_continued_run_gets_one_point_per_metric_and_step(tmp_path):
         assert steps == [0, 1, 2, 3, 4], (key, steps)
     b = {m.step: m.value for m in client.get_metric_history(first.run_id, "b")}
     assert b[2] == 12 and b[3] == 103  # the first point of a step stands; a missing one is filled in
+
+
+def test_a_kill_while_mlflow_creates_its_store_leaves_no_half_built_store(tmp_path, monkeypatch):
+    """The process dies while MLflow's migrations create the store: the next start must still open it
+    (a half-built store failed every later start with 'table trace_info already exists')."""
+    import mlflow.store.db.utils as db_utils
+
+    from exgrpo_core.config import ExGRPOConfig
+    from flows.tracking import MlflowRun
+
+    class Killed(BaseException):
+        pass
+
+    def die(engine):  # a migration's DDL half done (SQLite keeps it), then the kill
+        with engine.begin() as c:
+            c.exec_driver_sql("CREATE TABLE trace_info (request_id VARCHAR(50) PRIMARY KEY)")
+        raise Killed()
+
+    cfg = ExGRPOConfig()
+    cfg.run.mlflow_tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with monkeypatch.context() as m:
+        m.setattr(db_utils, "_upgrade_db", die)
+        try:
+            MlflowRun(cfg, None, tags={})
+        except Killed:
+            pass
+        else:
+            raise AssertionError("the simulated kill did not happen")
+    run = MlflowRun(cfg, None, tags={})
+    run.log_metrics({"a": 1.0}, 0)
+    run.end("FINISHED")
+    assert (tmp_path / "mlflow.db").exists()
