@@ -91,9 +91,12 @@ def needs_rescore(s: Session) -> bool:
     With the transformers engine at top_p = 1 and no mixed precision, the sampler's processed scores
     are the trainer's logits / temperature from the same weights, so its log-probs and entropies are
     the trainer's up to float rounding (KV cache, padding side); TRL skips this pass the same way.
+    The engine ignores the model's own generation config; logits processors the caller gave it
+    change the sampled distribution, so they force the pass.
     """
     cfg = s.cfg.rollout
     return (cfg.rescore == "always" or not isinstance(s.engine, TransformersEngine) or cfg.top_p < 1
+            or bool(getattr(s.engine, "logits_processors", None))
             or getattr(s.accelerator, "mixed_precision", "no") != "no")
 
 

@@ -1,8 +1,12 @@
 """Rollout engines: sample K responses per prompt and return `Generation` records (SPEC §1.1).
 
 The transformers engine batches `generate` over left-padded prompts and reads the sampler's own
-log-probs and entropies from the processed scores (after temperature / top-p). These are the
-*sampler's* numbers; the trainer's behaviour log-probs and H(o) come from `policy.py` (SPEC §1.3).
+log-probs and entropies from the processed scores (after temperature / top-p). It samples with the
+configured temperature / top-p / top-k and nothing else: the model's own `generation_config`
+(repetition penalty, n-gram bans, ... as shipped with some instruct models) is not applied, so the
+samples are the policy's. Extra `logits_processors` are the caller's explicit choice (the loop then
+rescores). These are the *sampler's* numbers; the trainer's behaviour log-probs and H(o) come from
+`policy.py` (SPEC §1.3).
 The vLLM engine arrives with the scale-out issue behind the same `generate` signature.
 """
 
@@ -12,6 +16,7 @@ import itertools
 from typing import Protocol
 
 import torch
+from transformers import GenerationConfig, LogitsProcessorList
 
 from exgrpo_core.training import fsdp
 from exgrpo_core.training.forward_parts import copied_prompt_cache
@@ -40,8 +45,12 @@ def sample_counts(prompts: list, n: int | list[int]) -> list[int]:
 class TransformersEngine:
     """Batched sampling with `model.generate` (CPU or one GPU)."""
 
-    def __init__(self, model, tokenizer, *, top_p: float = 1.0, batch_size: int = 64):
+    def __init__(self, model, tokenizer, *, top_p: float = 1.0, batch_size: int = 64,
+                 logits_processors: list | None = None):
         self.model = model
+        self.logits_processors = list(logits_processors or [])
+        """Processors (transformers `LogitsProcessor`s) applied after temperature / top-p: the samples
+        are then not the policy's, so `loop.needs_rescore` has the trainer score them."""
         self.tokenizer = tokenizer
         self.top_p = top_p
         self.batch_size = batch_size
@@ -77,11 +86,17 @@ class TransformersEngine:
             ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[row, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
-        res = self.model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=True, past_key_values=self._shared_prefill(ids, mask),
-            temperature=temperature, top_p=self.top_p, top_k=0, max_new_tokens=max_new_tokens,
-            pad_token_id=self.pad_id, eos_token_id=self.eos_ids, output_scores=True,
-            return_dict_in_generate=True, synced_gpus=self.synced)
+        config = GenerationConfig(do_sample=True, temperature=temperature, top_p=self.top_p, top_k=0,
+                                  max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
+                                  eos_token_id=self.eos_ids, output_scores=True, return_dict_in_generate=True)
+        own, self.model.generation_config = self.model.generation_config, GenerationConfig()  # generate() fills
+        try:  # unset fields from the model's config (repetition_penalty, ...): give it an empty one meanwhile
+            res = self.model.generate(
+                input_ids=ids, attention_mask=mask, past_key_values=self._shared_prefill(ids, mask),
+                generation_config=config, synced_gpus=self.synced,
+                logits_processor=LogitsProcessorList(self.logits_processors))
+        finally:
+            self.model.generation_config = own
         seqs = res.sequences[:, width:].cpu()  # [n, T]
         token_logp = torch.zeros(seqs.shape)  # [n, T]
         ent = torch.zeros(seqs.shape)  # [n, T]
