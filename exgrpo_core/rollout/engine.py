@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
+from exgrpo_core.rollout.decode import decode
 from exgrpo_core.training import fsdp
 from exgrpo_core.training.forward_parts import copied_prompt_cache
 from exgrpo_core.types import Generation
@@ -59,6 +60,10 @@ class TransformersEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.synced = False  # FSDP2: keep stepping until every process is done (forwards are collectives)
         self.share_prefill = True  # repeated prompts: one prompt forward, its cache copied (`_shared_prefill`)
+        self.decoder = "own"  # `decode.decode` (finished rows dropped); "generate": transformers' loop
+        self.drop_finished = True  # (own) finished rows leave the batch
+        self.static_cache = True  # (own) the key/value cache is written in place
+        self.row_steps = 0  # decode row-steps computed so far (rows in a forward, summed over steps)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int | list[int], *, temperature: float,
@@ -86,6 +91,19 @@ class TransformersEngine:
             ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[row, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
+        if self.decoder == "own" and not self.synced:  # synced (FSDP2): every process must run each forward
+            res = decode(self.model, ids, mask, self._shared_prefill(ids, mask), temperature=temperature,
+                         top_p=self.top_p, max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                         processors=self.logits_processors, drop_finished=self.drop_finished,
+                         static_cache=self.static_cache)
+            self.row_steps += res.row_steps
+            seqs, token_logp, ent = res.tokens.cpu(), res.logprobs.cpu(), res.entropies.cpu()
+        else:
+            seqs, token_logp, ent = self._hf_generate(ids, mask, width, temperature, max_new_tokens)
+        return [self._record(seqs[r], token_logp[r], ent[r], max_new_tokens) for r in range(len(prompts))]
+
+    def _hf_generate(self, ids, mask, width: int, temperature: float, max_new_tokens: int):
+        """transformers' `generate` with the engine's settings only: [n, T] tokens, log-probs, entropies."""
         config = GenerationConfig(do_sample=True, temperature=temperature, top_p=self.top_p, top_k=0,
                                   max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
                                   eos_token_id=self.eos_ids, output_scores=True, return_dict_in_generate=True)
@@ -98,13 +116,14 @@ class TransformersEngine:
         finally:
             self.model.generation_config = own
         seqs = res.sequences[:, width:].cpu()  # [n, T]
+        self.row_steps += seqs.shape[0] * seqs.shape[1]
         token_logp = torch.zeros(seqs.shape)  # [n, T]
         ent = torch.zeros(seqs.shape)  # [n, T]
         for t, step_scores in enumerate(res.scores):  # one [n, V] at a time: never [n, T, V] in memory
             logp = torch.log_softmax(step_scores.float(), dim=-1).cpu()
             token_logp[:, t] = logp.gather(-1, seqs[:, t:t + 1]).squeeze(-1)
             ent[:, t] = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
-        return [self._record(seqs[r], token_logp[r], ent[r], max_new_tokens) for r in range(len(prompts))]
+        return seqs, token_logp, ent
 
     def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor):
         """The key/value cache of every row's prompt but its last token, computed once per distinct
