@@ -147,7 +147,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="measured steps per arm (after the warm-up)")
     ap.add_argument("--warmup", type=int, default=2, help="first steps dropped from the medians")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for all arms")
-    ap.add_argument("--arms", default="trl,onpolicy,exgrpo")
+    ap.add_argument("--arms", default="trl,onpolicy,exgrpo",
+                    help="of trl, onpolicy, exgrpo, onpolicy-generate (on-policy with rollout.decoder=generate)")
     ap.add_argument("--tag", default="", help="suffix of the results file (e.g. before / after)")
     ap.add_argument("--set", action="append", default=[], help="config overrides for every arm")
     args = ap.parse_args()
@@ -176,6 +177,9 @@ def main() -> None:
     ours = {}
     if "onpolicy" in arms:
         ours["onpolicy"] = open_session(load_config(args.config, base + ["run.name=onpolicy", "buffer.replay_ratio=0"]))
+    if "onpolicy-generate" in arms:  # the code before rollout/decode.py, interleaved with the rest
+        ours["onpolicy-generate"] = open_session(load_config(args.config, base + [
+            "run.name=onpolicy-generate", "buffer.replay_ratio=0", "rollout.decoder=generate"]))
     if "exgrpo" in arms:
         ours["exgrpo"] = open_session(load_config(args.config, base + ["run.name=exgrpo"]))
     times: dict[str, list[dict]] = {a: [] for a in arms}
@@ -244,21 +248,17 @@ def main() -> None:
         print(f"{'':<10} cpu {med['cpu']:.2f} s, useful {med['useful_gflop']:.0f} GFLOP, floor {med['floor_cpu_s']:.2f} "
               f"cpu-s, cpu/floor {med['cpu_over_floor']:.2f}, executed/useful (warm-up) "
               f"{med.get('executed_over_useful', float('nan')):.2f}")
-    if "trl" in times and "onpolicy" in times:
-        ratio = [o["iteration"] / t["iteration"] for t, o in zip(times["trl"][args.warmup:], times["onpolicy"][args.warmup:])]
-        result["onpolicy_over_trl_median_ratio"] = statistics.median(ratio)
-        result["onpolicy_over_trl_cpu_ratio"] = statistics.median(
-            o["cpu"] / t["cpu"] for t, o in zip(times["trl"][args.warmup:], times["onpolicy"][args.warmup:]))
-        result["onpolicy_over_trl_per_token_ratio"] = statistics.median(
-            (o["cpu"] / max(o["tokens"], 1)) / (t["cpu"] / max(t["tokens"], 1))
-            for t, o in zip(times["trl"][args.warmup:], times["onpolicy"][args.warmup:]))
-        print(f"ours on-policy / TRL, median of per-step ratios: {result['onpolicy_over_trl_median_ratio']:.3f} "
-              f"(CPU-s {result['onpolicy_over_trl_cpu_ratio']:.3f}, CPU-s per generated token "
-              f"{result['onpolicy_over_trl_per_token_ratio']:.3f})")
-    if "trl" in times and "exgrpo" in times:
-        ratio = [o["iteration"] / t["iteration"] for t, o in zip(times["trl"][args.warmup:], times["exgrpo"][args.warmup:])]
-        result["exgrpo_over_trl_median_ratio"] = statistics.median(ratio)
-        print(f"ours ExGRPO / TRL, median of per-step ratios:    {result['exgrpo_over_trl_median_ratio']:.3f}")
+    w = args.warmup
+    for arm in [a for a in times if a != "trl" and "trl" in times]:
+        pairs = list(zip(times["trl"][w:], times[arm][w:]))
+        key = arm.replace("-", "_")
+        result[f"{key}_over_trl_median_ratio"] = statistics.median(o["iteration"] / t["iteration"] for t, o in pairs)
+        result[f"{key}_over_trl_cpu_ratio"] = statistics.median(o["cpu"] / t["cpu"] for t, o in pairs)
+        result[f"{key}_over_trl_cpu_per_token_ratio"] = statistics.median(
+            (o["cpu"] / max(o["tokens"], 1)) / (t["cpu"] / max(t["tokens"], 1)) for t, o in pairs)
+        print(f"{arm} / TRL, median of per-step ratios: wall {result[f'{key}_over_trl_median_ratio']:.3f}, "
+              f"CPU-s {result[f'{key}_over_trl_cpu_ratio']:.3f}, CPU-s per generated token "
+              f"{result[f'{key}_over_trl_cpu_per_token_ratio']:.3f}")
     name = f"trl_speed_{args.config}{'_' + args.tag if args.tag else ''}.json"
     save_result(name, result)
 
