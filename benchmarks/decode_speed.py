@@ -5,8 +5,8 @@
 One cpu-demo rollout batch (B questions of the preset's training set x K samples, the preset's
 temperature and response length) is sampled by each mode in turn, round after round, with the same
 seed: `generate` (transformers' loop, the code before), `own-keep` (our loop with finished rows kept
-and the cache concatenated), `own-drop` (finished rows dropped), `own` (dropped + the cache written in
-place: the default). The own modes must give identical tokens (checked). Reported per mode: median wall
+and the cache concatenated), `own-drop` (finished rows dropped), `own-noprefix` (dropped + the cache written in
+place), `own` (and the prompts' common prefix prefilled once: the default). The own modes must give identical tokens (checked). Reported per mode: median wall
 and CPU seconds, ratio to `generate` per round, row-steps executed vs useful (tokens up to each row's
 end), model FLOPs executed vs useful, and the floor = useful FLOPs / this machine's measured fp32
 matmul rate per CPU-second (`flops_meter.matmul_rate`), compared with the CPU seconds spent (on a
@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 MODES = {"generate": dict(decoder="generate"),
          "own-keep": dict(decoder="own", drop_finished=False, static_cache=False),
          "own-drop": dict(decoder="own", drop_finished=True, static_cache=False),
-         "own": dict(decoder="own", drop_finished=True, static_cache=True)}
+         "own-noprefix": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=10 ** 9),
+         "own": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=2)}
 
 
 def main() -> None:

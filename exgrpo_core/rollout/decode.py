@@ -10,6 +10,9 @@ cache by concatenation (the whole cache copied at every step). This loop:
   probabilities (already needed for the entropy). The uniforms of a step are drawn for *every* row of
   the batch, finished or not, so the token a row gets does not depend on which other rows still run:
   with and without dropping rows the samples are the same for a fixed seed;
+- **prefills shared tokens once** (`prefix_prefill`): the prefix every prompt of the batch starts
+  with (a chat template's system prompt: 27 of cpu-demo's ~46 prompt tokens) runs once, each
+  distinct prompt's remainder once on a copy of it, and the K samples of a prompt copy its cache;
 - **writes the cache in place** (`GrowLayer`): each layer's keys / values live in a buffer with room
   for the whole response, and the model sees a view of the filled part.
 
@@ -127,6 +130,59 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         last = (probs[bad] > 0).long() * torch.arange(probs.shape[-1], device=probs.device)
         tok[bad] = last.argmax(-1)
     return tok
+
+
+def prefix_prefill(model, prompts: list[list[int]], pad_id: int, min_prefix: int = 2):
+    """The cache of every prompt but its last token, shared work done once: (ids, mask, cache) or None
+    when nothing is shared (no common prefix of `min_prefix`+ tokens and no repeated prompt).
+
+    Layout [n, P + r]: the common prefix (P columns, the same positions 0..P-1 in every row), then each
+    row's remainder left-padded to r columns: padding sits between prefix and remainder, masked, and
+    position ids count real tokens, so every row sees its own prompt. The prefix runs as one row, the
+    distinct remainders (all but the last column) as one batch on copies of it, then rows copy the
+    cache of their remainder.
+    """
+    n = len(prompts)
+    first, shortest = prompts[0], min(len(p) for p in prompts)
+    common = 0
+    while common < shortest - 1 and all(p[common] == first[common] for p in prompts):
+        common += 1
+    if common < min_prefix:
+        common = 0
+    rests = [tuple(p[common:]) for p in prompts]
+    slot = {r: i for i, r in enumerate(dict.fromkeys(rests))}
+    if (common == 0 and len(slot) == n) or (n == 1 and common == 0):
+        return None
+    keep1 = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
+    device = next(model.parameters()).device
+    r = max(len(x) for x in rests)
+    ids = torch.full((n, common + r), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, common + r), dtype=torch.long)
+    ids[:, :common] = torch.tensor(first[:common], dtype=torch.long)
+    mask[:, :common] = 1
+    for row, rest in enumerate(rests):
+        ids[row, common + r - len(rest):] = torch.tensor(rest, dtype=torch.long)
+        mask[row, common + r - len(rest):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    rows = torch.tensor([slot[x] for x in rests], device=device)  # row -> distinct remainder
+    distinct = torch.tensor([rests.index(x) for x in slot], device=device)  # a row holding each remainder
+    cache = None
+    if common:
+        cache = model(input_ids=ids[:1, :common], attention_mask=mask[:1, :common],
+                      position_ids=torch.arange(common, device=device)[None], use_cache=True, **keep1).past_key_values
+        if not hasattr(cache, "batch_select_indices"):
+            return None
+        cache.batch_select_indices(torch.zeros(len(slot), dtype=torch.long, device=device))
+    if r > 1:  # the remainders but their last column, on the prefix
+        m = mask[distinct, :-1]
+        pos = (m.cumsum(-1) - 1).masked_fill(m == 0, 1)[:, common:]
+        out = model(input_ids=ids[distinct, common:-1], attention_mask=m, position_ids=pos, past_key_values=cache,
+                    use_cache=True, **keep1)
+        cache = out.past_key_values
+    if cache is None or not hasattr(cache, "batch_select_indices"):
+        return None
+    cache.batch_select_indices(rows)
+    return ids, mask, cache
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from exgrpo_core.rollout.decode import decode
+from exgrpo_core.rollout.decode import decode, prefix_prefill
 from exgrpo_core.training import fsdp
 from exgrpo_core.training.forward_parts import copied_prompt_cache
 from exgrpo_core.types import Generation
@@ -59,7 +59,9 @@ class TransformersEngine:
             getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.synced = False  # FSDP2: keep stepping until every process is done (forwards are collectives)
-        self.share_prefill = True  # repeated prompts: one prompt forward, its cache copied (`_shared_prefill`)
+        self.share_prefill = True  # shared prompt tokens run once (own: `decode.prefix_prefill`; generate:
+        # `_shared_prefill`, repeated prompts only)
+        self.min_prefix = 2  # (own) shortest common prefix worth a prefill of its own
         self.decoder = "own"  # `decode.decode` (finished rows dropped); "generate": transformers' loop
         self.drop_finished = True  # (own) finished rows leave the batch
         self.static_cache = True  # (own) the key/value cache is written in place
@@ -92,7 +94,10 @@ class TransformersEngine:
             mask[row, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
         if self.decoder == "own" and not self.synced:  # synced (FSDP2): every process must run each forward
-            res = decode(self.model, ids, mask, self._shared_prefill(ids, mask), temperature=temperature,
+            shared = (prefix_prefill(self.model, prompts, self.pad_id, self.min_prefix)
+                      if self.share_prefill else None)
+            ids, mask, cache = shared if shared is not None else (ids, mask, None)
+            res = decode(self.model, ids, mask, cache, temperature=temperature,
                          top_p=self.top_p, max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
                          processors=self.logits_processors, drop_finished=self.drop_finished,
                          static_cache=self.static_cache)

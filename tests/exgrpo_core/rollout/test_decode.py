@@ -129,3 +129,31 @@ def test_swap_remove_keeps_the_unfinished_rows_and_moves_one_row_per_finished_on
     assert torch.equal(layer.values, -keys[order])
     layer.update(torch.zeros(4, 2, 1, 5), torch.zeros(4, 2, 1, 5))  # writes go on in place after the cut
     assert layer.keys.shape == (4, 2, 5, 5) and torch.equal(layer.keys[:, :, :4], keys[order])
+
+
+def test_a_common_prefix_is_prefilled_once_with_the_same_samples(engine):
+    """Prompts that open alike (a chat template's system prompt): the prefix runs once, each distinct
+    remainder once, and the samples equal those of prompts prefilled separately."""
+    system = engine.tokenizer("12+34=56 78+9=87 ")["input_ids"]
+    prompts = [system + engine.tokenizer(q)["input_ids"][1:] for q in ("1+2=", "31+4=", "7*88=")]
+    seen = []
+    hook = engine.model.get_input_embeddings().register_forward_hook(lambda _m, a, _o: seen.append(a[0].numel()))
+    out = {}
+    try:
+        for share in (True, False):
+            engine.share_prefill = share
+            seen.clear()
+            torch.manual_seed(11)
+            out[share] = [g for grp in engine.generate(prompts, 3, temperature=1.0, max_new_tokens=8) for g in grp]
+            out[share, "prefill"] = list(seen[:3 if share else 1])
+    finally:
+        hook.remove()
+        engine.share_prefill = True
+    assert [g.response_ids for g in out[True]] == [g.response_ids for g in out[False]]
+    for a, b in zip(out[True], out[False]):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert a.entropies == pytest.approx(b.entropies, abs=1e-5)
+    common = len(system)  # the tiny tokenizer spells these prompts with the system part's tokens first
+    rest = max(len(p) for p in prompts) - common
+    assert out[True, "prefill"] == [common, 3 * (rest - 1), 9]  # prefix once, 3 remainders, then 9 rows decode
+    assert out[False, "prefill"] == [9 * (max(len(p) for p in prompts) - 1)]
