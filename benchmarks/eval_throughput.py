@@ -2,6 +2,12 @@
 
     python benchmarks/eval_throughput.py --config cpu-demo --suite bundled:arith-easy-test --max-questions 32
     python benchmarks/eval_throughput.py --config cpu-demo --suite gsm8k --max-questions 16 --set eval.max_response_tokens=256
+    python benchmarks/eval_throughput.py --config cpu-demo --max-questions 78 --modes generate@32,own@32,own@160 --rounds 2
+
+`--modes decoder@batch,...` evaluates with each rollout-engine decoder (`generate`: transformers' loop,
+the code before; `own`: `rollout/decode.py`; `own-noprefix`: without the common-prefix prefill) and batch size in turn, round after round, same seed:
+the results file then holds each mode's median questions/s and its ratio to the first mode, with
+`uptime` before and after (a shared machine: compare ratios, not seconds).
 
 Runs the library directly (no Prefect / MLflow), with the preset's eval settings; the first
 generate call is a warm-up on one question and is not counted. Writes results/eval_throughput_*.json.
@@ -40,6 +46,8 @@ def main() -> None:
     p.add_argument("--max-questions", type=int, default=32, help="distinct questions per benchmark")
     p.add_argument("--tag", default=None, help="suffix of the results file (default: config + suite)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--modes", default=None, help="decoder@batch_size,... compared in turn (see above)")
+    p.add_argument("--rounds", type=int, default=1)
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -53,6 +61,8 @@ def main() -> None:
         model = model.cuda()
     gen = generation_args(cfg)
     pass_k = gen.pop("pass_k")
+    if args.modes:
+        return compare_modes(args, cfg, items, model, tok, gen, pass_k)
     with MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers) as v:
         E.generate_and_grade(model, tok, items[:1], v.verify, **gen)  # warm-up
         t0 = time.perf_counter()
@@ -82,6 +92,49 @@ def main() -> None:
     print(f"{out['questions']} questions, {samples} samples, {tokens} tokens in {out['seconds']} s: "
           f"{out['questions_per_s']} questions/s, {out['samples_per_s']} samples/s, {out['tokens_per_s']} tokens/s; "
           f"average pass@1 {100 * report.average['pass@1']:.1f}% -> {path}")
+
+
+def compare_modes(args, cfg, items, model, tok, gen, pass_k) -> None:
+    import statistics
+    import subprocess
+
+    from exgrpo_core.rollout.engine import TransformersEngine
+
+    modes = [(m.split("@")[0], int(m.split("@")[1])) for m in args.modes.split(",")]
+    uptime = [subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()]
+    rows: dict[str, list[dict]] = {f"{d}@{b}": [] for d, b in modes}
+    with MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers) as v:
+        E.generate_and_grade(model, tok, items[:1], v.verify, **gen)  # warm-up
+        for r in range(args.rounds):
+            for decoder, batch in modes:
+                engine = TransformersEngine(model, tok, top_p=gen["top_p"], batch_size=batch)
+                engine.decoder = decoder.removesuffix("-noprefix")
+                if decoder.endswith("-noprefix"):
+                    engine.min_prefix = 10 ** 9
+                c0 = time.process_time()
+                report = E.evaluate_items(model, tok, items, v.verify, pass_k=pass_k,
+                                          **{**gen, "batch_size": batch}, engine=engine)
+                q = len(report.questions)
+                rows[f"{decoder}@{batch}"].append(dict(
+                    seconds=report.seconds, cpu_s=time.process_time() - c0, questions_per_s=q / report.seconds,
+                    tokens=sum(x.response_tokens for x in report.questions), row_steps=engine.row_steps,
+                    pass_at_1=report.average["pass@1"]))
+                print(f"round {r} {decoder}@{batch}: {report.seconds:.1f} s, {q / report.seconds:.2f} questions/s, "
+                      f"row-steps {engine.row_steps}, pass@1 {report.average['pass@1']:.3f}", flush=True)
+    uptime.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    first = next(iter(rows))
+    summary = {m: dict(questions_per_s=statistics.median(x["questions_per_s"] for x in xs),
+                       cpu_s=statistics.median(x["cpu_s"] for x in xs),
+                       speedup_vs_first=statistics.median(b["seconds"] / a["seconds"] for a, b in zip(xs, rows[first])))
+               for m, xs in rows.items()}
+    for m, x in summary.items():
+        print(f"{m}: {x['questions_per_s']:.2f} questions/s, x{x['speedup_vs_first']:.2f} of {first}, cpu {x['cpu_s']:.1f} s")
+    tag = args.tag or f"{args.config}_modes"
+    path = RESULTS / f"eval_throughput_{tag}.json"
+    path.write_text(json.dumps(dict(command="python " + shlex.join(sys.argv), torch_threads=torch.get_num_threads(),
+                                    date=datetime.now(timezone.utc).isoformat(timespec="seconds"), uptime=uptime,
+                                    questions=len(items), settings=gen, summary=summary, rounds=rows), indent=1) + "\n")
+    print(path, *uptime, sep="\n")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,12 @@
 Model FLOP utilisation (MFU) of the train step is its model TFLOP/s (`perf/train_tflops`,
 exgrpo_core/training/flops.py) over the device's dense bf16 peak: `--peak-tflops`, or looked up by GPU name.
 
+Sampling work: decode row-steps executed (rows in each forward, summed over steps) against useful
+(tokens before each row's end), from `perf/rollout_row_steps` / `perf/rollout_useful_row_steps`, and
+the machine's fp32 matmul rate per CPU-second (the floor's denominator; benchmarks/flops_meter.py);
+the step's FLOP floor and ratio are in trl_speed.py, which runs the loop in-process and times CPU.
+`uptime` is recorded before and after.
+
 Runs the training flow (Prefect ephemeral API unless PREFECT_API_URL is set, local MLflow, SQLite)
 in a fresh temporary folder, reads the per-step `perf/*` metrics back from the experience database,
 prints medians over the steps after the first (which pays start-up costs), and writes JSON to
@@ -54,6 +60,13 @@ def main() -> None:
     from exgrpo_core.store.experience_store import ExperienceStore
     from flows.train import train
 
+    import subprocess
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from flops_meter import matmul_rate
+
+    uptime = [subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()]
+    rate = matmul_rate()
     out_dir = Path(tempfile.mkdtemp(prefix="exgrpo-bench-"))
     cfg = load_config(args.config, [f"run.output_dir={out_dir}", f"run.steps={args.steps}",
                                     "run.checkpoint_every=0", "run.resume=never", *args.set])
@@ -69,6 +82,11 @@ def main() -> None:
     rows["orchestration"] = rows["iteration"] - sum(rows[s] for s in STAGES[:-1])  # Prefect task handling etc.
     tokens = {k: statistics.median(v for s, v in series.get(f"perf/{k}", []) if s > 0)
               for k in ("rollout_tokens_per_s", "train_tokens_per_s", "train_tflops") if series.get(f"perf/{k}")}
+    work = {k: statistics.median(v for s, v in series.get(f"perf/{k}", []) if s > 0)
+            for k in ("rollout_row_steps", "rollout_useful_row_steps") if series.get(f"perf/{k}")}
+    if len(work) == 2:
+        work["executed_over_useful"] = work["rollout_row_steps"] / max(work["rollout_useful_row_steps"], 1)
+    uptime.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     machine, peak = device()
     peak = args.peak_tflops or peak
     if peak and "train_tflops" in tokens:
@@ -80,8 +98,12 @@ def main() -> None:
         print(f"{stage:<10} {rows[stage]:>9.3f} {share:>6.1%}")
     for k, v in tokens.items():
         print(f"{k:<24} {v:>9.1%}" if k == "train_mfu" else f"{k:<24} {v:>9.3g}")
+    for k, v in work.items():
+        print(f"{k:<24} {v:>9.3g}")
+    print(f"matmul {rate / 1e9:.1f} GFLOP per CPU-second ({__import__('torch').get_num_threads()} threads)", *uptime, sep="\n")
     result = {"command": "python " + " ".join(sys.argv), "date": datetime.date.today().isoformat(),
-              "machine": machine, "peak_tflops": peak, "preset": args.config, "steps": args.steps, "median_seconds": rows, "median_tokens_per_s": tokens}
+              "machine": machine, "peak_tflops": peak, "preset": args.config, "steps": args.steps, "median_seconds": rows, "median_tokens_per_s": tokens,
+              "median_decode_row_steps": work, "matmul_gflop_per_cpu_s": rate / 1e9, "uptime": uptime}
     dest = Path(__file__).resolve().parent / "results" / f"step_timing_{args.config}.json"
     dest.parent.mkdir(exist_ok=True)
     dest.write_text(json.dumps(result, indent=2) + "\n")

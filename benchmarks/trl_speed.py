@@ -16,6 +16,13 @@ same math-verify grader (our `MathVerifier`) as TRL's reward function, float32 o
 Ours runs the library loop (`exgrpo_core.loop`, SQLite store, no Prefect / MLflow: that overhead is
 benchmarks/orchestration_overhead.py); TRL runs with `report_to=none`.
 Prints medians over the steps after `--warmup`, and writes benchmarks/results/trl_speed_<preset>.json.
+
+FLOPs (benchmarks/flops_meter.py): every arm's CPU seconds per step (one process, one thread count:
+other jobs on the machine slow the wall clock, not this), its useful FLOPs per step (each distinct
+prompt once and each response token once through sampling and through forward + backward; TRL's
+prompt tokens are estimated as B x the mean prompt length of the training set), the floor = useful
+FLOPs / this machine's fp32 matmul rate per CPU-second, and the ratio CPU-s / floor. Executed FLOPs
+are counted (torch's FlopCounterMode) on the warm-up steps only, which the medians leave out.
 """
 
 from __future__ import annotations
@@ -36,10 +43,22 @@ sys.path.insert(0, str(HERE))
 STAGES = ["rollout", "score", "verify", "buffer", "select", "train", "log"]
 
 
-def timed_iteration(s, loop, M) -> dict:
+def timed_iteration(s, loop, M, count: bool = False) -> dict:
     """`loop.run_iteration` with every stage timed, planning counted in `select` and the
-    trainer's scoring pass (inside `generate`) split out as `score`."""
-    t0 = time.perf_counter()
+    trainer's scoring pass (inside `generate`) split out as `score`; its CPU seconds, useful FLOPs and
+    (`count`) executed FLOPs."""
+    from flops_meter import Counted, step_useful_flops
+
+    with Counted(count) as counted:
+        row = _timed_iteration(s, loop, M)
+    row["executed_gflop"] = counted.flops / 1e9 if counted.flops is not None else None
+    row["useful_gflop"] = step_useful_flops(s.accelerator.unwrap_model(s.model), row.pop("prompt_tokens"),
+                                            int(row["tokens"]), int(row["tokens"] + row.pop("replayed_tokens"))) / 1e9
+    return row
+
+
+def _timed_iteration(s, loop, M) -> dict:
+    c0, t0 = time.process_time(), time.perf_counter()
     plan = loop.plan_batch(s)
     t_plan = time.perf_counter() - t0
     rollouts, st1 = loop.generate(s, plan)
@@ -54,7 +73,9 @@ def timed_iteration(s, loop, M) -> dict:
     s.step += 1
     t_end = time.perf_counter()
     score = SCORE_TIME.pop(id(s), 0.0)
-    return {"iteration": t_end - t0, "rollout": st1[M.TIME_ROLLOUT] - score, "score": score,
+    return {"iteration": t_end - t0, "cpu": time.process_time() - c0,
+            "prompt_tokens": sum(len(s.prompt_ids(u)) for u in plan.fresh + plan.replay),
+            "replayed_tokens": sum(len(r.response_ids) for r in replayed.values()), "rollout": st1[M.TIME_ROLLOUT] - score, "score": score,
             "verify": st2[M.TIME_VERIFY], "buffer": st3[M.TIME_BUFFER], "select": st4[M.TIME_SELECT] + t_plan,
             "train": st5[M.TIME_TRAIN], "log": t_end - t1,
             "tokens": st1[M.RESPONSE_LENGTH] * st1[M.RESPONSES], "reward": st2[M.REWARD_MEAN],
@@ -126,7 +147,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="measured steps per arm (after the warm-up)")
     ap.add_argument("--warmup", type=int, default=2, help="first steps dropped from the medians")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for all arms")
-    ap.add_argument("--arms", default="trl,onpolicy,exgrpo")
+    ap.add_argument("--arms", default="trl,onpolicy,exgrpo",
+                    help="of trl, onpolicy, exgrpo, onpolicy-generate (on-policy with rollout.decoder=generate)")
     ap.add_argument("--tag", default="", help="suffix of the results file (e.g. before / after)")
     ap.add_argument("--set", action="append", default=[], help="config overrides for every arm")
     args = ap.parse_args()
@@ -139,8 +161,12 @@ def main() -> None:
     from exgrpo_core.rewards import MathVerifier
     from exgrpo_core.session import open_session
 
+    from flops_meter import Counted, matmul_rate, step_useful_flops
+
     if args.threads:
         torch.set_num_threads(args.threads)
+    rate = matmul_rate(torch.get_num_threads())
+    uptime = [os.popen("uptime").read().strip()]
     arms = args.arms.split(",")
     total = args.warmup + args.steps
     out = tempfile.mkdtemp(prefix="exgrpo-trl-speed-")
@@ -151,23 +177,36 @@ def main() -> None:
     ours = {}
     if "onpolicy" in arms:
         ours["onpolicy"] = open_session(load_config(args.config, base + ["run.name=onpolicy", "buffer.replay_ratio=0"]))
+    if "onpolicy-generate" in arms:  # the code before rollout/decode.py, interleaved with the rest
+        ours["onpolicy-generate"] = open_session(load_config(args.config, base + [
+            "run.name=onpolicy-generate", "buffer.replay_ratio=0", "rollout.decoder=generate"]))
     if "exgrpo" in arms:
         ours["exgrpo"] = open_session(load_config(args.config, base + ["run.name=exgrpo"]))
     times: dict[str, list[dict]] = {a: [] for a in arms}
-    mark = [0.0]
+    mark = [0.0, 0.0]
+    counter = [Counted(False)]
 
     def run_ours():
         for name, s in ours.items():
-            times[name].append(timed_iteration(s, loop, M))
+            times[name].append(timed_iteration(s, loop, M, count=len(times[name]) < args.warmup))
 
     class Interleave(TrainerCallback):
         def on_train_begin(self, *a, **k):
-            mark[0] = time.perf_counter()
+            mark[:] = [time.perf_counter(), time.process_time()]
+
+        def on_step_begin(self, *a, **k):
+            counter[0] = Counted(len(times["trl"]) < args.warmup).__enter__()
 
         def on_step_end(self, *a, **k):
-            times["trl"].append({"iteration": time.perf_counter() - mark[0], "tokens": trl_tokens.pop(0)})
+            counter[0].__exit__(None, None, None)
+            wall, cpu = time.perf_counter() - mark[0], time.process_time() - mark[1]
+            tokens = trl_tokens.pop(0)
+            flops = counter[0].flops
+            times["trl"].append({"iteration": wall, "cpu": cpu, "tokens": tokens,
+                                 "executed_gflop": flops / 1e9 if flops is not None else None,
+                                 "useful_gflop": step_useful_flops(trainer.model, trl_prompt_tokens, tokens, tokens) / 1e9})
             run_ours()
-            mark[0] = time.perf_counter()
+            mark[:] = [time.perf_counter(), time.process_time()]
 
     if "trl" in arms:
         questions = data.load_questions(cfg.data.train_path, question_key=cfg.data.question_key,
@@ -175,6 +214,9 @@ def main() -> None:
                                         instruction=cfg.data.instruction, max_questions=cfg.data.max_questions)
         verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
         trainer, trl_tokens = build_trl(cfg, questions, verifier, Interleave(), out + "/trl", total)
+        sample = questions[:256]
+        trl_prompt_tokens = round(cfg.train.batch_size * sum(
+            len(data.prompt_token_ids(trainer.processing_class, q, cfg.rollout.max_prompt_tokens)) for q in sample) / len(sample))
         trainer.train()
         verifier.close()
     else:
@@ -184,26 +226,39 @@ def main() -> None:
         s.close()
 
     load = os.getloadavg()
+    uptime.append(os.popen("uptime").read().strip())
     result = {"preset": args.config, "overrides": args.set, "steps": args.steps, "warmup": args.warmup,
-              "threads": torch.get_num_threads(), "loadavg_1_5_15": load, "arms": {}}
+              "threads": torch.get_num_threads(), "loadavg_1_5_15": load, "uptime": uptime,
+              "matmul_gflop_per_cpu_s": rate / 1e9, "arms": {}}
     print(f"\n{args.config}: median over steps {args.warmup}..{total - 1}, {torch.get_num_threads()} threads, "
           f"load {load[0]:.2f}")
     print(f"{'arm':<10} {'s/step':>8} {'ms/token':>9} {'tokens':>7}  " + " ".join(f"{s:>8}" for s in STAGES))
     for arm, rows in times.items():
         kept = rows[args.warmup:]
-        med = {k: statistics.median(r[k] for r in kept) for k in kept[0]} if kept else {}
+        med = {k: statistics.median(r[k] for r in kept) for k in kept[0] if k != "executed_gflop"} if kept else {}
+        counted = [r for r in rows[:args.warmup] if r.get("executed_gflop")]
+        if counted:  # executed / useful on the counted warm-up steps
+            med["executed_over_useful"] = statistics.median(r["executed_gflop"] / r["useful_gflop"] for r in counted)
+        med["floor_cpu_s"] = med["useful_gflop"] * 1e9 / rate
+        med["cpu_over_floor"] = med["cpu"] / med["floor_cpu_s"]
         med["ms_per_token"] = statistics.median(1e3 * r["iteration"] / max(r["tokens"], 1) for r in kept)
         result["arms"][arm] = {"median": med, "per_step_seconds": [r["iteration"] for r in rows]}
         split = " ".join(f"{med.get(s, float('nan')):>8.3f}" for s in STAGES)
         print(f"{arm:<10} {med['iteration']:>8.3f} {med['ms_per_token']:>9.2f} {med['tokens']:>7.0f}  {split}")
-    if "trl" in times and "onpolicy" in times:
-        ratio = [o["iteration"] / t["iteration"] for t, o in zip(times["trl"][args.warmup:], times["onpolicy"][args.warmup:])]
-        result["onpolicy_over_trl_median_ratio"] = statistics.median(ratio)
-        print(f"ours on-policy / TRL, median of per-step ratios: {result['onpolicy_over_trl_median_ratio']:.3f}")
-    if "trl" in times and "exgrpo" in times:
-        ratio = [o["iteration"] / t["iteration"] for t, o in zip(times["trl"][args.warmup:], times["exgrpo"][args.warmup:])]
-        result["exgrpo_over_trl_median_ratio"] = statistics.median(ratio)
-        print(f"ours ExGRPO / TRL, median of per-step ratios:    {result['exgrpo_over_trl_median_ratio']:.3f}")
+        print(f"{'':<10} cpu {med['cpu']:.2f} s, useful {med['useful_gflop']:.0f} GFLOP, floor {med['floor_cpu_s']:.2f} "
+              f"cpu-s, cpu/floor {med['cpu_over_floor']:.2f}, executed/useful (warm-up) "
+              f"{med.get('executed_over_useful', float('nan')):.2f}")
+    w = args.warmup
+    for arm in [a for a in times if a != "trl" and "trl" in times]:
+        pairs = list(zip(times["trl"][w:], times[arm][w:]))
+        key = arm.replace("-", "_")
+        result[f"{key}_over_trl_median_ratio"] = statistics.median(o["iteration"] / t["iteration"] for t, o in pairs)
+        result[f"{key}_over_trl_cpu_ratio"] = statistics.median(o["cpu"] / t["cpu"] for t, o in pairs)
+        result[f"{key}_over_trl_cpu_per_token_ratio"] = statistics.median(
+            (o["cpu"] / max(o["tokens"], 1)) / (t["cpu"] / max(t["tokens"], 1)) for t, o in pairs)
+        print(f"{arm} / TRL, median of per-step ratios: wall {result[f'{key}_over_trl_median_ratio']:.3f}, "
+              f"CPU-s {result[f'{key}_over_trl_cpu_ratio']:.3f}, CPU-s per generated token "
+              f"{result[f'{key}_over_trl_cpu_per_token_ratio']:.3f}")
     name = f"trl_speed_{args.config}{'_' + args.tag if args.tag else ''}.json"
     save_result(name, result)
 

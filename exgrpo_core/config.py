@@ -127,6 +127,9 @@ class RolloutConfig(_Section):
     """Responses stop here and are flagged truncated (paper: 8192)."""
     generation_batch_size: int = Field(default=64, ge=1)
     """Sequences generated per `generate` call."""
+    decoder: Literal["own", "generate"] = "own"
+    """(transformers) The decode loop: `own` (rollout/decode.py: finished rows leave the batch, inverse-CDF
+    sampling, in-place KV cache) or `generate` (transformers' loop; the samples differ for a seed)."""
     rescore: Literal["auto", "always"] = "auto"
     """Trainer forward over fresh rollouts for behaviour log-probs and H(o). `always`: as verl / the
     authors' code. `auto`: skipped when the sampler's numbers already are the trainer's (transformers

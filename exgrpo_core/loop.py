@@ -62,6 +62,7 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
     counts = [K] * len(plan.fresh) + [K - 1] * len(plan.replay)
     rollouts: list[Rollout] = []
     entropies: list[list[float]] = []
+    steps0 = getattr(s.engine, "row_steps", None)
     gens = s.team.generate([s.prompt_ids(u) for u in uids], counts, temperature=cfg.temperature,
                            max_new_tokens=cfg.max_response_tokens)  # one batch: K and K-1 samples together
     for uid, group in zip(uids, gens):
@@ -79,7 +80,9 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
     gap = [abs(a - b) for r, sl in zip(rollouts, sampler_logp) for a, b in zip(r.behaviour_logprobs, sl)]
     tokens = sum(len(r.response_ids) for r in rollouts)
     dt = time.perf_counter() - t0
-    return rollouts, {
+    work = {} if steps0 is None else {M.ROLLOUT_ROW_STEPS: float(s.engine.row_steps - steps0),
+                                      M.ROLLOUT_USEFUL_ROW_STEPS: float(sum(len(g.response_ids) for gs in gens for g in gs))}
+    return rollouts, {**work,
         M.RESPONSES: float(len(rollouts)), M.TIME_ROLLOUT: dt, M.ROLLOUT_TOKENS_PER_S: tokens / max(dt, 1e-9),
         M.RESPONSE_LENGTH: tokens / max(len(rollouts), 1),
         M.TRUNCATION_RATE: sum(r.truncated for r in rollouts) / max(len(rollouts), 1),
@@ -92,9 +95,12 @@ def needs_rescore(s: Session) -> bool:
     With the transformers engine at top_p = 1 computing in float32, the sampler's processed scores
     are the trainer's logits / temperature from the same weights, so its log-probs and entropies are
     the trainer's up to float rounding (KV cache, padding side); TRL skips this pass the same way.
+    The engine ignores the model's own generation config; logits processors the caller gave it
+    change the sampled distribution, so they force the pass.
     """
     cfg = s.cfg.rollout
     return (cfg.rescore == "always" or not isinstance(s.engine, TransformersEngine) or cfg.top_p < 1
+            or bool(getattr(s.engine, "logits_processors", None))
             or sampler_dtype(s.engine.model, s.accelerator) != torch.float32)
 
 

@@ -62,6 +62,8 @@ TIME_LOG = "perf/log_s"
 TIME_ITERATION = "perf/iteration_s"
 TIME_CHECKPOINT = "perf/checkpoint_s"
 ROLLOUT_TOKENS_PER_S = "perf/rollout_tokens_per_s"
+ROLLOUT_ROW_STEPS = "perf/rollout_row_steps"  # decode forwards x rows in them (this process; transformers engine)
+ROLLOUT_USEFUL_ROW_STEPS = "perf/rollout_useful_row_steps"  # of which before each row's end: its tokens
 TRAIN_TOKENS_PER_S = "perf/train_tokens_per_s"
 TRAIN_TFLOPS = "perf/train_tflops"  # model TFLOP/s of the optimiser call (flops.py); MFU = this / peak
 # evaluation: eval/<benchmark>/<metric> (see eval_key), eval/average/pass_at_1, and the eval timings

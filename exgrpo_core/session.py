@@ -276,8 +276,10 @@ def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str):
     """The transformers engine shares the trainer's module; vLLM loads its own copy of the weights; a
     remote engine is a rollout server, which gets the trainer's weights at once."""
     if cfg.rollout.engine == "transformers":
-        return TransformersEngine(model, tokenizer, top_p=cfg.rollout.top_p,
-                                  batch_size=cfg.rollout.generation_batch_size)
+        engine = TransformersEngine(model, tokenizer, top_p=cfg.rollout.top_p,
+                                    batch_size=cfg.rollout.generation_batch_size)
+        engine.decoder = cfg.rollout.decoder
+        return engine
     if cfg.rollout.engine == "remote":  # the server may hold other weights (another run, a checkpoint): push
         from exgrpo_core.rollout.remote import RemoteEngine
 

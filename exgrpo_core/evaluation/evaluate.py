@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -140,7 +141,8 @@ def generate_and_grade(model, tokenizer, items: list[EvalItem], verify: Verify, 
     `require_think` applies to the latter (the math verifier carries its own setting).
 
     Prompts are sorted by length so a batch pads little; each chunk of about `batch_size`
-    sequences is generated, then verified. Runs under a forked RNG seeded with `seed`. `engine`: any
+    sequences is generated, then verified in a background thread while the next chunk generates
+    (`verify` must be thread-safe: `MathVerifier.verify` is). Runs under a forked RNG seeded with `seed`. `engine`: any
     object with the rollout engine's `generate` already set to top_p / batch_size (e.g. a training
     run's team of processes); default: a transformers engine over `model`.
     """
@@ -149,9 +151,27 @@ def generate_and_grade(model, tokenizer, items: list[EvalItem], verify: Verify, 
     order = sorted(range(len(items)), key=lambda i: (items[i].repeats, len(prompts[i])))
     results: list[QuestionResult | None] = [None] * len(items)
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
+    done = 0
+
+    def record(chunk: list[int], n: int, gens, grading) -> None:
+        nonlocal done
+        grades = grading.result()
+        for j, i in enumerate(chunk):
+            gs, gr = gens[j], grades[j * n:(j + 1) * n]
+            q = items[i].question
+            results[i] = QuestionResult(
+                uid=q.uid, benchmark=items[i].benchmark, answer=q.answer, n=n,
+                correct=sum(1 for r, _ in gr if r > 0), reasons=dict(Counter(reason for _, reason in gr)),
+                response_tokens=sum(len(g.response_ids) for g in gs),
+                truncated=sum(g.truncated for g in gs), example=gs[0].text)
+        done += len(chunk)
+        if progress:
+            progress(done, len(items))
+
+    # a chunk is graded (worker processes) while the next one is generated
+    with torch.random.fork_rng(devices=devices), ThreadPoolExecutor(max_workers=1) as grader:
         torch.manual_seed(seed)
-        done = 0
+        pending = None
         for chunk in _chunks(order, [items[i].repeats * samples for i in order], batch_size):
             n = items[chunk[0]].repeats * samples
             gens = engine.generate([prompts[i] for i in chunk], n, temperature=temperature,
@@ -159,18 +179,13 @@ def generate_and_grade(model, tokenizer, items: list[EvalItem], verify: Verify, 
             texts = [g.text for gs in gens for g in gs]
             answers = [items[i].question.answer for i in chunk for _ in range(n)]
             graders = [items[i].grader for i in chunk for _ in range(n)]
-            grades = rewards.grade_rows(verify, texts, answers, graders, require_think=require_think)
-            for j, i in enumerate(chunk):
-                gs, gr = gens[j], grades[j * n:(j + 1) * n]
-                q = items[i].question
-                results[i] = QuestionResult(
-                    uid=q.uid, benchmark=items[i].benchmark, answer=q.answer, n=n,
-                    correct=sum(1 for r, _ in gr if r > 0), reasons=dict(Counter(reason for _, reason in gr)),
-                    response_tokens=sum(len(g.response_ids) for g in gs),
-                    truncated=sum(g.truncated for g in gs), example=gs[0].text)
-            done += len(chunk)
-            if progress:
-                progress(done, len(items))
+            grading = grader.submit(rewards.grade_rows, verify, texts, answers, graders,
+                                    require_think=require_think)
+            if pending:
+                record(*pending)
+            pending = (chunk, n, gens, grading)
+        if pending:
+            record(*pending)
     return results  # type: ignore[return-value]
 
 

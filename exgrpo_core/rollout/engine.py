@@ -1,8 +1,12 @@
 """Rollout engines: sample K responses per prompt and return `Generation` records (SPEC §1.1).
 
 The transformers engine batches `generate` over left-padded prompts and reads the sampler's own
-log-probs and entropies from the processed scores (after temperature / top-p). These are the
-*sampler's* numbers; the trainer's behaviour log-probs and H(o) come from `policy.py` (SPEC §1.3).
+log-probs and entropies from the processed scores (after temperature / top-p). It samples with the
+configured temperature / top-p / top-k and nothing else: the model's own `generation_config`
+(repetition penalty, n-gram bans, ... as shipped with some instruct models) is not applied, so the
+samples are the policy's. Extra `logits_processors` are the caller's explicit choice (the loop then
+rescores). These are the *sampler's* numbers; the trainer's behaviour log-probs and H(o) come from
+`policy.py` (SPEC §1.3).
 The vLLM engine arrives with the scale-out issue behind the same `generate` signature.
 """
 
@@ -12,7 +16,9 @@ import itertools
 from typing import Protocol
 
 import torch
+from transformers import GenerationConfig, LogitsProcessorList
 
+from exgrpo_core.rollout.decode import decode, prefix_prefill
 from exgrpo_core.training import fsdp
 from exgrpo_core.training.forward_parts import copied_prompt_cache
 from exgrpo_core.types import Generation
@@ -40,8 +46,12 @@ def sample_counts(prompts: list, n: int | list[int]) -> list[int]:
 class TransformersEngine:
     """Batched sampling with `model.generate` (CPU or one GPU)."""
 
-    def __init__(self, model, tokenizer, *, top_p: float = 1.0, batch_size: int = 64):
+    def __init__(self, model, tokenizer, *, top_p: float = 1.0, batch_size: int = 64,
+                 logits_processors: list | None = None):
         self.model = model
+        self.logits_processors = list(logits_processors or [])
+        """Processors (transformers `LogitsProcessor`s) applied after temperature / top-p: the samples
+        are then not the policy's, so `loop.needs_rescore` has the trainer score them."""
         self.tokenizer = tokenizer
         self.top_p = top_p
         self.batch_size = batch_size
@@ -49,7 +59,13 @@ class TransformersEngine:
             getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.synced = False  # FSDP2: keep stepping until every process is done (forwards are collectives)
-        self.share_prefill = True  # repeated prompts: one prompt forward, its cache copied (`_shared_prefill`)
+        self.share_prefill = True  # shared prompt tokens run once (own: `decode.prefix_prefill`; generate:
+        # `_shared_prefill`, repeated prompts only)
+        self.min_prefix = 2  # (own) shortest common prefix worth a prefill of its own
+        self.decoder = "own"  # `decode.decode` (finished rows dropped); "generate": transformers' loop
+        self.drop_finished = True  # (own) finished rows leave the batch
+        self.static_cache = True  # (own) the key/value cache is written in place
+        self.row_steps = 0  # decode row-steps computed so far (rows in a forward, summed over steps)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int | list[int], *, temperature: float,
@@ -77,19 +93,41 @@ class TransformersEngine:
             ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[row, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
-        res = self.model.generate(
-            input_ids=ids, attention_mask=mask, past_key_values=self._shared_prefill(ids, mask),
-            **_sampling(temperature, self.top_p), max_new_tokens=max_new_tokens,
-            pad_token_id=self.pad_id, eos_token_id=self.eos_ids, output_scores=True,
-            return_dict_in_generate=True, synced_gpus=self.synced)
+        if self.decoder == "own" and not self.synced:  # synced (FSDP2): every process must run each forward
+            shared = (prefix_prefill(self.model, prompts, self.pad_id, self.min_prefix)
+                      if self.share_prefill else None)
+            ids, mask, cache = shared if shared is not None else (ids, mask, None)
+            res = decode(self.model, ids, mask, cache, temperature=temperature,
+                         top_p=self.top_p, max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                         processors=self.logits_processors, drop_finished=self.drop_finished,
+                         static_cache=self.static_cache)
+            self.row_steps += res.row_steps
+            seqs, token_logp, ent = res.tokens.cpu(), res.logprobs.cpu(), res.entropies.cpu()
+        else:
+            seqs, token_logp, ent = self._hf_generate(ids, mask, width, temperature, max_new_tokens)
+        return [self._record(seqs[r], token_logp[r], ent[r], max_new_tokens) for r in range(len(prompts))]
+
+    def _hf_generate(self, ids, mask, width: int, temperature: float, max_new_tokens: int):
+        """transformers' `generate` with the engine's settings only: [n, T] tokens, log-probs, entropies."""
+        config = GenerationConfig(**_sampling(temperature, self.top_p), max_new_tokens=max_new_tokens,
+                                  pad_token_id=self.pad_id, eos_token_id=self.eos_ids, output_scores=True, return_dict_in_generate=True)
+        own, self.model.generation_config = self.model.generation_config, GenerationConfig()  # generate() fills
+        try:  # unset fields from the model's config (repetition_penalty, ...): give it an empty one meanwhile
+            res = self.model.generate(
+                input_ids=ids, attention_mask=mask, past_key_values=self._shared_prefill(ids, mask),
+                generation_config=config, synced_gpus=self.synced,
+                logits_processor=LogitsProcessorList(self.logits_processors))
+        finally:
+            self.model.generation_config = own
         seqs = res.sequences[:, width:].cpu()  # [n, T]
+        self.row_steps += seqs.shape[0] * seqs.shape[1]
         token_logp = torch.zeros(seqs.shape)  # [n, T]
         ent = torch.zeros(seqs.shape)  # [n, T]
         for t, step_scores in enumerate(res.scores):  # one [n, V] at a time: never [n, T, V] in memory
             logp = torch.log_softmax(step_scores.float(), dim=-1).cpu()
             token_logp[:, t] = logp.gather(-1, seqs[:, t:t + 1]).squeeze(-1)
             ent[:, t] = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
-        return [self._record(seqs[r], token_logp[r], ent[r], max_new_tokens) for r in range(len(prompts))]
+        return seqs, token_logp, ent
 
     def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor):
         """The key/value cache of every row's prompt but its last token, computed once per distinct

@@ -13,6 +13,7 @@ import torch
 from exgrpo_core import loop
 from exgrpo_core.config_io import load_config
 from exgrpo_core.session import open_session
+from exgrpo_core.types import Rollout
 
 
 def all_wrong(texts, answers):
@@ -71,3 +72,40 @@ def test_rescoring_is_kept_whenever_the_sampler_is_not_the_trainer(session, chan
     fake = SimpleNamespace(cfg=session.cfg, engine=change.get("engine", session.engine),
                            accelerator=SimpleNamespace(mixed_precision=change.get("mixed_precision", "no")))
     assert loop.needs_rescore(fake) is expected
+
+
+def test_the_models_own_generation_config_does_not_change_what_is_sampled(session):
+    """Issue 14 item 2: a model shipping `repetition_penalty` / `no_repeat_ngram_size` in its generation
+    config (Qwen2.5-7B-Instruct: 1.05) must still be sampled from the policy: the stored behaviour
+    log-probs (rescore=auto, the sampler's) equal the trainer's, which the first mini-batch's ratio uses."""
+    gen_cfg = session.engine.model.generation_config
+    gen_cfg.repetition_penalty, gen_cfg.no_repeat_ngram_size = 1.5, 2
+    try:
+        plan = loop.plan_batch(session)
+        auto, _ = _generate(session, plan, "auto", seed=5)
+        trainer = [Rollout(r.question_uid, r.prompt_ids, r.response_ids, list(r.behaviour_logprobs), r.text,
+                                r.truncated, r.step) for r in auto]
+        loop.score_rollouts(session, trainer)  # the trainer's forward: what the loss's new log-probs are at step 0
+    finally:
+        gen_cfg.repetition_penalty, gen_cfg.no_repeat_ngram_size = 1.0, 0
+    assert sum(len(r.response_ids) for r in auto) > 2 * len(auto)  # repeats are likely: the penalty would show
+    for a, t in zip(auto, trainer):
+        assert a.behaviour_logprobs == pytest.approx(t.behaviour_logprobs, abs=1e-4)
+        assert a.entropy == pytest.approx(t.entropy, abs=1e-4)
+    assert session.engine.model.generation_config is gen_cfg  # the model's own config is put back
+
+
+def test_a_logits_processor_asked_for_forces_the_rescore(session):
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    fake = SimpleNamespace(cfg=session.cfg, engine=session.engine, accelerator=SimpleNamespace(mixed_precision="no"))
+    assert loop.needs_rescore(fake) is False
+    session.engine.logits_processors = [RepetitionPenaltyLogitsProcessor(1.5)]
+    try:
+        assert loop.needs_rescore(fake) is True
+        plan = loop.plan_batch(session)
+        processed, _ = _generate(session, plan, "auto", seed=5)
+    finally:
+        session.engine.logits_processors = []
+    gap = max(abs(a - b) for r in processed for a, b in zip(r.behaviour_logprobs, r.sampler_logprobs))
+    assert gap > 1e-3  # the trainer's numbers were stored, the processed sampler's kept apart for TIS

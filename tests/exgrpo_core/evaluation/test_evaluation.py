@@ -194,3 +194,35 @@ def test_evaluate_items_with_math_verify_and_save_report_round_trip(tiny, store)
     assert evals[1]["metrics"] == {"pass@1": pytest.approx(m["pass@1"])}
     store.rollback_to(run_id, 4)
     assert [e["step"] for e in store.get_evals(run_id)] == [3, 3]
+
+
+def test_a_chunk_is_graded_while_the_next_one_generates(tiny):
+    """Grading runs beside generation: the first chunk's verify call waits (up to 10 s) for the second
+    chunk's generate to start, which happens only if grading is off the generating thread; the results
+    are those of grading after each chunk."""
+    import threading
+
+    from exgrpo_core.rollout.engine import TransformersEngine
+
+    model, tok = tiny
+    engine = TransformersEngine(model, tok, batch_size=4)
+    second_started, events = threading.Event(), []
+    generate = engine.generate
+
+    def marked(prompts, n, **kw):
+        events.append("generate")
+        if events.count("generate") == 2:
+            second_started.set()
+        return generate(prompts, n, **kw)
+
+    def verify(texts, answers):
+        if not events.count("graded"):
+            events.append("overlapped" if second_started.wait(10) else "serial")
+        events.append("graded")
+        return [(1.0, "correct")] * len(texts)
+
+    engine.generate = marked
+    res = E.generate_and_grade(model, tok, _items(), verify, samples=2, max_new_tokens=3, max_prompt_tokens=16,
+                               batch_size=4, engine=engine)
+    assert "overlapped" in events and "serial" not in events
+    assert [r.n for r in res] == [6, 2, 2, 2, 2] and all(r.correct == r.n for r in res)
