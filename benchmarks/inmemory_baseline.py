@@ -41,7 +41,7 @@ class InMemoryBuffer:
         self.bucket_of[uid] = k
 
     def update(self, step: int, groups: list[GroupResult]) -> int:
-        """One step's buffer update (SPEC §1.2): buckets, collection with de-dup, retirement. Returns collected."""
+        """One step's buffer update (docs/implementation_details.md): buckets, collection with de-dup, retirement. Returns collected."""
         collected = 0
         for g in groups:
             k = g.k

@@ -4,7 +4,7 @@
     python benchmarks/synth_store.py --url sqlite:////tmp/synth.db --n 100000 --response-tokens 1024
 
 The run is simulated step by step with the paper's batch (128 questions x K responses, rho = 0.5
-once replay starts) and the project's own rules (SPEC §1.2): questions have a hidden difficulty that
+once replay starts) and the project's own rules (docs/implementation_details.md): questions have a hidden difficulty that
 eases as training goes on; every group is recorded; with `store_all_rollouts` (the default) every
 fresh response is a trajectory; correct responses of groups with 1 <= k <= K-1 join the pool once
 replay is active; k = K retires the question; replayed questions are drawn with the real
@@ -113,7 +113,7 @@ def simulate(n_trajectories: int, n_questions: int, K: int, response_tokens: int
             c = int(rng.binomial(n, p[q]))
             k = c + int(is_replay)
             correct_total, n_total = correct_total + c, n_total + n
-            if is_replay:  # replay the lowest-entropy pooled trajectory (argmin, SPEC §1.2)
+            if is_replay:  # replay the lowest-entropy pooled trajectory (argmin)
                 t = min(sim.pool[q], key=t_entropy.__getitem__)
                 times, _ = replay_ttimes.get(t, (0, step))
                 replay_ttimes[t] = (times + 1, step)
@@ -151,7 +151,7 @@ def simulate(n_trajectories: int, n_questions: int, K: int, response_tokens: int
 
 
 def _step_metrics(sim: Sim, step: int, frac: float, n_replayed: int, rng: np.random.Generator) -> None:
-    """One row per declared metric (SPEC §1.5): buffer counts are the simulation's, the rest plausible."""
+    """One row per declared metric (the metric contract): buffer counts are the simulation's, the rest plausible."""
     live = sim.q_latest >= 0
     values = {key: float(rng.gamma(2.0, 0.5)) for key in M.STEP_METRICS}
     values.update({M.REWARD_MEAN: frac, M.REPLAYED_SAMPLES: float(n_replayed),

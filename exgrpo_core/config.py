@@ -1,4 +1,4 @@
-"""One typed config tree for an ExGRPO run (SPEC §1-§2).
+"""One typed config tree for an ExGRPO run.
 
 Every field carries its default and its source (paper section or the authors' code). Unknown keys
 are errors; cross-field rules are checked when the tree is built. Components receive their own
@@ -29,7 +29,7 @@ class RunConfig(_Section):
     mlflow_tracking_uri: str | None = None
     """MLflow tracking URI. None: env MLFLOW_TRACKING_URI, else a local file store in the run dir."""
     mlflow_experiment: str = "exgrpo"
-    """MLflow experiment (one per project, SPEC §2)."""
+    """MLflow experiment (one per project)."""
     resume: Literal["auto", "never", "must"] = "auto"
     """auto: continue from the run dir's latest checkpoint if there is one; must: fail if none."""
     steps: int = Field(default=500, ge=1)
@@ -148,7 +148,7 @@ class RolloutConfig(_Section):
 
 class RewardConfig(_Section):
     timeout_s: float = Field(default=5.0, gt=0)
-    """Per-item verification timeout; a timeout scores 0 and is counted (SPEC §1.1)."""
+    """Per-item verification timeout; a timeout scores 0 and is counted (docs/implementation_details.md)."""
     require_think: bool = False
     """(code) Require a `<think>...</think>` block and grade only the text after it."""
     workers: int = Field(default=1, ge=1)
@@ -315,15 +315,15 @@ class ExGRPOConfig(_Section):
     data: DataConfig = DataConfig()
     """Training / evaluation questions and prompt format."""
     rollout: RolloutConfig = RolloutConfig()
-    """Sampling of K responses per question (SPEC §1.1)."""
+    """Sampling of K responses per question (docs/implementation_details.md)."""
     reward: RewardConfig = RewardConfig()
-    """math-verify grading (SPEC §1.1)."""
+    """math-verify grading (docs/implementation_details.md)."""
     buffer: BufferConfig = BufferConfig()
-    """Experience collection, retirement, replay ratio and delayed start (SPEC §1.2-1.3)."""
+    """Experience collection, retirement, replay ratio and delayed start (docs/implementation_details.md)."""
     selection: SelectionConfig = SelectionConfig()
-    """Question and trajectory selection for replay (SPEC §1.2)."""
+    """Question and trajectory selection for replay (docs/implementation_details.md)."""
     loss: LossConfig = LossConfig()
-    """Mixed-policy objective (SPEC §1.3)."""
+    """Mixed-policy objective (docs/implementation_details.md)."""
     train: TrainConfig = TrainConfig()
     """Batching and optimiser."""
     eval: EvalConfig = EvalConfig()

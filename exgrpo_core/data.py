@@ -1,4 +1,4 @@
-"""Question loading (SPEC §3): bundled sets, JSONL, Parquet (flat or verl), Hugging Face datasets.
+"""Question loading: bundled sets, JSONL, Parquet (flat or verl), Hugging Face datasets.
 
 Owns turning dataset rows into `Question`s (chat messages + ground truth) and a question into prompt
 token ids. Flat rows become [system?] + user(question + "\\n" + instruction), the Qwen-math

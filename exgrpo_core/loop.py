@@ -1,4 +1,4 @@
-"""One ExGRPO iteration, stage by stage, in the order of the paper's algorithm box (SPEC §2).
+"""One ExGRPO iteration, stage by stage, in the order of the paper's algorithm box.
 
 select questions (fresh + experiential) -> rollout -> verify -> buffer update (one transaction)
 -> entropy recompute + trajectory selection -> mixed groups + advantages -> optimise -> metrics.
@@ -36,7 +36,7 @@ class BatchPlan:
 
 
 def plan_batch(s: Session) -> BatchPlan:
-    """Draw rho*B experiential questions by bucket weight, and the rest fresh (SPEC §1.2-1.3)."""
+    """Draw rho*B experiential questions by bucket weight, and the rest fresh (docs/implementation_details.md)."""
     cfg = s.cfg
     replay: list[str] = []
     if s.replay_active and cfg.replay_questions > 0:
@@ -118,7 +118,7 @@ def sampler_dtype(model, accelerator) -> torch.dtype:
 
 
 def score_rollouts(s: Session, rollouts: list[Rollout], entropy_kind: str = "mean") -> None:
-    """Trainer log-probs and H(o) of each rollout, written into the records (SPEC §1.1).
+    """Trainer log-probs and H(o) of each rollout, written into the records (docs/implementation_details.md).
 
     Logits are divided by the rollout temperature (1.0 by default, as in the paper), as verl does, so
     the trained distribution is the one that was sampled. Spread over the processes (team.py).
@@ -207,7 +207,7 @@ def select_trajectories(s: Session, plan: BatchPlan) -> tuple[dict[str, Rollout]
 
 
 def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -> dict:
-    """Mixed groups -> group-relative advantages -> mixed-policy loss -> optimiser steps (SPEC §1.3)."""
+    """Mixed groups -> group-relative advantages -> mixed-policy loss -> optimiser steps (docs/implementation_details.md)."""
     t0 = time.perf_counter()
     cfg = s.cfg
     stats: dict[str, float] = {}
@@ -278,7 +278,7 @@ def shuffled_rows(groups: list[GroupResult], replayed: dict[str, Rollout], std_n
 
 
 def buffer_snapshot(s: Session) -> dict:
-    """Pool and retired-set sizes and bucket counts k = 0..K after the step (SPEC §1.5)."""
+    """Pool and retired-set sizes and bucket counts k = 0..K after the step (the metric contract)."""
     K = s.cfg.rollout.group_size
     state = s.store.buffer_state(s.run_id, K, with_buckets=False)
     out = {M.BUFFER_QUESTIONS: float(state.pool_questions), M.BUFFER_TRAJECTORIES: float(state.pool_trajectories),

@@ -1,4 +1,4 @@
-"""The metric names every run logs per step (SPEC §1.5): one stable, namespaced contract.
+"""The metric names every run logs per step (the metric contract): one stable, namespaced contract.
 
 Core functions return stats dicts keyed by these names; the flows log them to MLflow and the
 database, and the dashboard reads them. `bucket_key(k)` covers the per-bucket counts.

@@ -1,4 +1,4 @@
-"""Rule-based reward r in {0, 1} (SPEC §1.1): final-answer extraction + math-verify equivalence, and the
+"""Rule-based reward r in {0, 1} (docs/implementation_details.md): final-answer extraction + math-verify equivalence, and the
 final choice letter for multiple-choice rows.
 
 `grade` is the pure rule: last `\\boxed{...}` (else the last number / fraction) of the response,
@@ -86,7 +86,7 @@ def _parse_gold(answer: str) -> list:
 
 
 def grade(response: str, answer: str, *, require_think: bool = False) -> tuple[float, str]:
-    """SPEC §1.1 reward: 1.0 when the final answer verifies as equal to the gold, else 0.0, with the reason.
+    """The reward: 1.0 when the final answer verifies as equal to the gold, else 0.0, with the reason.
 
     Runs without any timeout: call it through `MathVerifier` when the input is untrusted.
 
@@ -214,7 +214,7 @@ class MathVerifier:
         self.timeout_s = float(timeout_s)
         self.require_think = require_think
         self.timeouts = 0
-        """Items scored 0 because they ran past timeout_s (SPEC §1.1 metric), over the pool's life."""
+        """Items scored 0 because they ran past timeout_s (a metric), over the pool's life."""
         self._ctx = _context()
         self._test_hooks = os.environ.get(TEST_HOOKS_ENV) == "1"
         self._workers = [self._spawn() for _ in range(workers)]

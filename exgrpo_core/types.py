@@ -57,8 +57,8 @@ class Rollout:
     """A verified response of question `question_uid` at policy version `step`.
 
     prompt_ids: [P] prompt token ids; response_ids: [T].
-    behaviour_logprobs: [T] log pi(o_t) under the trainer at temperature 1 when generated (SPEC §1.3).
-    entropy: H(o), mean full-distribution entropy over the T response tokens (SPEC §1.1).
+    behaviour_logprobs: [T] log pi(o_t) under the trainer at temperature 1 when generated (docs/implementation_details.md).
+    entropy: H(o), mean full-distribution entropy over the T response tokens (docs/implementation_details.md).
     reward: 1.0 correct / 0.0 otherwise; reason: why (e.g. "correct", "wrong", "timeout", "no_answer").
     replayed_from: id of the stored trajectory when this is a replayed experience, else None.
     """
@@ -103,7 +103,7 @@ class GroupResult:
 
     rollouts: the fresh responses (K, or K-1 for an experiential question).
     replayed: 1 when a stored correct trajectory completes the mixed group (chosen after the buffer
-    update, SPEC §2 data flow), so k and size count it without it being a new rollout.
+    update), so k and size count it without it being a new rollout.
     """
 
     question_uid: str

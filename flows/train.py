@@ -1,4 +1,4 @@
-"""Prefect training flow: each ExGRPO iteration as a sequence of tasks (SPEC §2 data flow).
+"""Prefect training flow: each ExGRPO iteration as a sequence of tasks.
 
 The model, optimiser and store live in the flow process (`Session`); tasks wrap one core call each
 and pass plain records. No caching (`NO_CACHE`): every task runs every iteration. MLflow logging and

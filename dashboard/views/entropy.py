@@ -1,4 +1,4 @@
-"""Entropy: distributions of trajectory entropy H(o) (SPEC §1.1) at a chosen step range, as in the
+"""Entropy: distributions of trajectory entropy H(o) (docs/implementation_details.md) at a chosen step range, as in the
 paper's analysis (§4): correct vs incorrect, fresh vs replayed, by correctness bucket; and the mean
 entropy of replayed trajectories over steps (low-entropy selection, §3.2)."""
 

@@ -1,4 +1,4 @@
-"""Group-relative advantages (ExGRPO §3.3 / SPEC §1.3), including the mixed group.
+"""Group-relative advantages (ExGRPO §3.3), including the mixed group.
 
 A mixed group (K-1 fresh rollouts plus the one replayed correct trajectory) is an ordinary group of K
 rewards here: the caller puts the replayed trajectory's reward (1) in its row. Follows the paper and

@@ -1,4 +1,4 @@
-"""Token-level loss terms of ExGRPO's mixed-policy objective (paper Eq. 4-6, SPEC §1.3).
+"""Token-level loss terms of ExGRPO's mixed-policy objective (paper Eq. 4-6).
 
 On-policy rows use the PPO ratio term (clipped or not, chosen by the caller); replayed rows use policy
 shaping f(w) = w / (w + beta) of the importance weight w = pi_theta / pi_behaviour. Deviations from

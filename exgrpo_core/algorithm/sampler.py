@@ -1,6 +1,6 @@
 """On-policy question order: seeded passes (epochs) over the training set, resumable.
 
-(code) retired questions are dropped at the next pass while enough questions remain (SPEC §1.2).
+(code) retired questions are dropped at the next pass while enough questions remain (docs/implementation_details.md).
 Unlike the authors' code, a batch draws exactly the (1 - rho) B fresh questions it needs and
 wastes none (their loader draws B and discards the first rho B slots, paper §E.6).
 """

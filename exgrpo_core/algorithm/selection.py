@@ -1,4 +1,4 @@
-"""Experience management rules of ExGRPO (paper §3.2, SPEC §1.2): which questions and trajectories to replay.
+"""Experience management rules of ExGRPO (paper §3.2): which questions and trajectories to replay.
 
 Buckets by latest correctness k = K Acc(q); questions are drawn bucket-first with weight w(Acc),
 then the lowest-entropy stored trajectory is replayed. The default Gaussian follows the authors' code
@@ -124,7 +124,7 @@ def sample_questions(buckets: dict[int, list[str]], n: int, weights: dict[int, f
 
 def sample_bucket_positions(counts: dict[int, int], n: int, weights: dict[int, float],
                             rng: random.Random, per_question: bool = False) -> list[tuple[int, int]]:
-    """ExGRPO question sampling (SPEC §1.2, bucket by w(Acc), uniform inside) on bucket sizes only.
+    """ExGRPO question sampling (bucket by w(Acc), uniform inside) on bucket sizes only.
 
     The draw of `sample_questions` on buckets of these sizes, with the same rng calls in the same
     order: draw j there returns `buckets[k][index]` for the j-th (k, index) returned here, `index`

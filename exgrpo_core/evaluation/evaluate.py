@@ -1,4 +1,4 @@
-"""Benchmark evaluation (paper §4, SPEC §1.4): sample, grade, score pass@1 as avg@k, ID / OOD averages.
+"""Benchmark evaluation (paper §4): sample, grade, score pass@1 as avg@k, ID / OOD averages.
 
 Suites (`suites.py`): any dataset `data.load_questions` reads, the shipped names in `SUITES` and the
 hub names in `HUB_SUITES`. Each row's source (verl `data_source`) is a benchmark, graded by

@@ -1,4 +1,4 @@
-"""Rollout engines behind one `generate` signature, and how weights reach them (SPEC §2).
+"""Rollout engines behind one `generate` signature, and how weights reach them.
 
   engine        the protocol and the transformers engine (CPU and GPU)
   vllm_engine   vLLM, colocated with the trainer

@@ -1,4 +1,4 @@
-"""Rollout engines: sample K responses per prompt and return `Generation` records (SPEC §1.1).
+"""Rollout engines: sample K responses per prompt and return `Generation` records (docs/implementation_details.md).
 
 The transformers engine batches `generate` over left-padded prompts and reads the sampler's own
 log-probs and entropies from the processed scores (after temperature / top-p). It samples with the
@@ -6,7 +6,7 @@ configured temperature / top-p / top-k and nothing else: the model's own `genera
 (repetition penalty, n-gram bans, ... as shipped with some instruct models) is not applied, so the
 samples are the policy's. Extra `logits_processors` are the caller's explicit choice (the loop then
 rescores). These are the *sampler's* numbers; the trainer's behaviour log-probs and H(o) come from
-`policy.py` (SPEC §1.3).
+`policy.py` (docs/implementation_details.md).
 The vLLM engine arrives with the scale-out issue behind the same `generate` signature.
 """
 

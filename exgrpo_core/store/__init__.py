@@ -1,4 +1,4 @@
-"""The experience database (SPEC §2): one door (`ExperienceStore`), its tables, queries and migrations.
+"""The experience database: one door (`ExperienceStore`), its tables, queries and migrations.
 
   experience_store  ExperienceStore: records in and out, one transaction per write
   engine            URLs, engines, SQLite pragmas, schema upgrade (Alembic)

@@ -1,4 +1,4 @@
-"""Experience management in SQL (SPEC §1.2): collection, de-duplication, buckets and retirement.
+"""Experience management in SQL (docs/implementation_details.md): collection, de-duplication, buckets and retirement.
 
 Functions here take an open connection inside the caller's transaction; `ExperienceStore` owns the
 transactions. Deviation from the literal rule text: a correct response of an already-retired question
@@ -190,7 +190,7 @@ def _update_states(conn: Connection, run_id: str, step: int, groups: list[GroupR
 
 
 def _retire(conn: Connection, run_id: str, step: int, qids: list[int]) -> None:
-    """Retired set (SPEC §1.2): the question leaves the pool; its experiences stay, flagged."""
+    """Retired set (docs/implementation_details.md): the question leaves the pool; its experiences stay, flagged."""
     for part in chunks(qids):
         conn.execute(update(QuestionState).where(
             QuestionState.run_id == run_id, QuestionState.question_id.in_(part), QuestionState.retired.is_(False),
@@ -254,7 +254,7 @@ def _trajectory_rows(conn: Connection, run_id: str, step: int, groups: list[Grou
 
 
 def read_buffer_state(conn: Connection, run_id: str, group_size: int, with_buckets: bool = True) -> BufferState:
-    """Buckets by latest k (SPEC §1.2) and pool sizes, aggregated by the database; `with_buckets=False`
+    """Buckets by latest k (docs/implementation_details.md) and pool sizes, aggregated by the database; `with_buckets=False`
     reads the counts alone (one aggregate, no pooled uids: the per-step metrics)."""
     qs = QuestionState
     pooled = case((and_(*pooled_filter(run_id)[1:]), 1), else_=0)  # the pool condition without its run clause

@@ -1,4 +1,4 @@
-"""The experience database (SPEC §2): runs, questions, per-run question state, trajectories, replays,
+"""The experience database: runs, questions, per-run question state, trajectories, replays,
 step metrics and evaluation results, on SQLite (default) or PostgreSQL.
 
 `ExperienceStore` is the only door: records from `exgrpo_core.types` go in and out, never rows or
@@ -203,7 +203,7 @@ class ExperienceStore:
     def apply_buffer_update(self, run_id: str, step: int, groups: list[GroupResult], *, group_size: int,
                             collect: bool, collect_min_k: int, collect_max_k: int, retire: bool,
                             store_all: bool, keep_bucket_on_zero: bool = False) -> dict[str, float]:
-        """ExGRPO §3.2 experience management for one step, all or nothing (SPEC §1.2).
+        """ExGRPO §3.2 experience management for one step, all or nothing (docs/implementation_details.md).
 
         Every group is recorded in the history and moves its question to bucket k. Fresh correct
         responses of groups with collect_min_k <= k <= collect_max_k join the pool, de-duplicated by
@@ -233,7 +233,7 @@ class ExperienceStore:
 
     def sample_replay_questions(self, run_id: str, group_size: int, n: int, weights: dict[int, float],
                                 rng: random.Random, per_question: bool = False) -> list[str]:
-        """ExGRPO question sampling (SPEC §1.2): n pooled questions, bucket by w(Acc), uniform inside.
+        """ExGRPO question sampling (docs/implementation_details.md): n pooled questions, bucket by w(Acc), uniform inside.
 
         Returns exactly `selection.sample_questions(self.buffer_state(run_id, group_size).buckets, n,
         weights, rng, per_question)`, with the same rng calls, but reads only the sizes of the buckets with a positive

@@ -1,4 +1,4 @@
-"""Replay reads in SQL (SPEC §1.2): drawing the replay questions without reading the whole pool,
+"""Replay reads in SQL (docs/implementation_details.md): drawing the replay questions without reading the whole pool,
 keeping the pool slots that make that possible, and fetching the chosen questions' trajectories.
 
 Every pooled question (not retired, pool_size > 0) holds a dense `slot` 0..n-1 inside its bucket

@@ -1,4 +1,4 @@
-"""SQLAlchemy 2 models of the experience database (SPEC §2); only `store.py` and the migrations use them.
+"""SQLAlchemy 2 models of the experience database; only `store.py` and the migrations use them.
 
 Every per-run table carries `run_id` and every query filters on it, so runs sharing one database
 never see each other's experience. `questions` is the one shared table (keyed by a content digest).

@@ -1,6 +1,6 @@
 """One training step over a `TrainBatch`: mini-batches, micro-batch accumulation, clipping, skipping.
 
-The loss terms are chosen once by the caller (SPEC §1.3) and passed in; this module only runs
+The loss terms are chosen once by the caller (docs/implementation_details.md) and passed in; this module only runs
 forward / backward through Accelerate. The denominator is built per mini-batch so accumulation over
 micro-batches is exact. (code) an optimiser step whose gradient norm exceeds `skip_grad_norm` is
 skipped and counted.

@@ -1,4 +1,4 @@
-"""Trainer-side forward: per-token log-probs and full-distribution entropies, and H(o) (SPEC §1.1).
+"""Trainer-side forward: per-token log-probs and full-distribution entropies, and H(o) (docs/implementation_details.md).
 
 Position t holds log p(x_t | x_<t) and the entropy of the distribution that predicted x_t; a row's
 first real token gets 0. Right and left padding are both handled (position ids from the attention
@@ -115,7 +115,7 @@ def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: t
                                micro_batch_size: int, with_entropy: bool = True, temperature: float = 1.0,
                                chunk_positions: int = 1024, score_mask: torch.Tensor | None = None,
                                share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log pi(x_t | x_<t) and entropy H_t = -sum_v pi(v | x_<t) log pi(v | x_<t) (SPEC §1.1).
+    """Per-token log pi(x_t | x_<t) and entropy H_t = -sum_v pi(v | x_<t) log pi(v | x_<t) (docs/implementation_details.md).
 
     Runs under the caller's grad mode (with grad for the loss, `torch.no_grad()` for selection).
     Memory: one micro-batch of rows at a time; apart from the model's logits [n, l, V] (from the

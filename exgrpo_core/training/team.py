@@ -87,7 +87,7 @@ class Worker:
 
     @torch.no_grad()
     def score(self, args) -> list[tuple[list[float], float]]:
-        """(response log-probs, H(o) or NLL) of this rank's share of the rollouts (SPEC §1.1)."""
+        """(response log-probs, H(o) or NLL) of this rank's share of the rollouts (docs/implementation_details.md)."""
         rollouts, entropy_kind = args
         mine, real = self._share(rollouts)
         if not mine:

@@ -1,4 +1,4 @@
-"""Experience store behaviour (SPEC §1.2) on SQLite and PostgreSQL: collection, de-duplication, retirement,
+"""Experience store behaviour (docs/implementation_details.md) on SQLite and PostgreSQL: collection, de-duplication, retirement,
 buckets, candidates, replay counters, run isolation and atomicity.
 
 Run: `.venv/bin/python -m pytest tests/exgrpo_core/test_store.py -q` (`-m "not postgres"` for SQLite only).

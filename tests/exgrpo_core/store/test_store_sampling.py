@@ -1,4 +1,4 @@
-"""Replay sampling from the database (`ExperienceStore.sample_replay_questions`, SPEC §1.2) against the
+"""Replay sampling from the database (`ExperienceStore.sample_replay_questions`) against the
 reference path `selection.sample_questions(buffer_state(...).buckets)`: same questions, same rng state
 afterwards, on SQLite and PostgreSQL, including a PostgreSQL database whose default collation does not
 sort by code point. Also migration 0004 both ways (0005: tests/exgrpo_core/test_store_slots.py).
