@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE))
 
 from bench_record import RESULTS, save_result  # noqa: E402
 
-# The paper's ablations (the paper's ablation table) besides no_selection, which the paper lists as a combination.
+# The paper's ablations besides no_selection, which the paper lists as a combination.
 PAPER_ARMS = ["on_policy", "exgrpo", "no_question_selection", "no_trajectory_selection", "highest_entropy",
               "no_policy_shaping", "rho_0.25", "rho_0.75"]
 
