@@ -74,3 +74,14 @@ def tiny_overrides(tmp_path):
     """Overrides that put a tiny run's files (SQLite, MLflow, checkpoints) under tmp_path."""
     return [f"run.output_dir={tmp_path / 'runs'}", f"run.db_url=sqlite:///{tmp_path / 'exp.db'}",
             f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+
+
+@pytest.fixture(autouse=True)
+def no_active_mlflow_run_left_behind():
+    """A test whose flow fails in-process may leave MLflow's fluent run active; end it so the next
+    test's `start_run` does not fail with "Run ... is already active"."""
+    yield
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None:
+        while mlflow.active_run() is not None:
+            mlflow.end_run("FAILED")

@@ -6,8 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
+
 from streamlit.testing.v1 import AppTest
 
+from dashboard.highlight import answer_span
 from exgrpo_core import metrics as M
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
@@ -127,7 +129,13 @@ def test_experience_browser_filters_and_shows_a_question(dashboard_env):
     stored = t.one("select count(*) from trajectories where run_id=:r and question_id=:q", r=rid, q=qid)
     assert f"**{stored} stored trajectories**" in shown_text(at)
     html = [h.proto.body for h in at.get("html")]
-    assert html and any("<mark" in h for h in html), "no answer span highlighted"
+    shown_rows = t.sql("select reward, text from trajectories where run_id=:r and question_id=:q "
+                       "order by id desc limit :n", r=rid, q=qid, n=len(html))
+    assert html and len(shown_rows) == len(html)
+    for (reward, text), h in zip(shown_rows, html):  # newest first; the graded answer marked, green or red
+        span = answer_span(text)
+        assert ("<mark" in h) == (span is not None), (text, h)
+        assert span is None or ("#b7ebc6" in h) == (reward > 0), (text, reward, h)
 
     retired_box = next(s for s in at.selectbox if s.label == "retired")
     retired_box.select("yes").run()
