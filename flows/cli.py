@@ -77,6 +77,7 @@ def _preflight(cfg, run_dir: Path) -> None:
 
     data.load_questions(cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
                         max_questions=cfg.data.max_questions)
+    run_dir.mkdir(parents=True, exist_ok=True)  # the default SQLite database lives in it (removed if the start fails)
     db_url = resolve_db_url(cfg.run.db_url, run_dir)
     url = parse_url(db_url)
     if url.get_backend_name() != "sqlite":

@@ -114,3 +114,20 @@ def test_a_prefect_start_up_timeout_is_one_line_saying_how_to_fix_it(tmp_path, t
     flat = out.replace("\n", " ")
     assert code == 2 and "Traceback" not in out, out[-3000:]
     assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in flat and "PREFECT_API_URL" in flat
+
+
+def test_preflight_accepts_the_default_database_in_a_new_run_folder(tmp_path):
+    """The first README command: no run.db_url, nothing on disk yet (the default SQLite file lives in the
+    run folder the run is about to create); a user's SQLite URL in a missing folder is still refused."""
+    from exgrpo_core.config_io import load_config
+    from exgrpo_core.store.engine import StoreError
+    from flows.cli import _preflight
+
+    cfg = load_config("tiny", [f"run.output_dir={tmp_path / 'fresh' / 'runs'}", "run.resume=never"])
+    assert cfg.run.db_url is None
+    run_dir = tmp_path / "fresh" / "runs" / cfg.run.name
+    _preflight(cfg, run_dir)
+    assert run_dir.is_dir()
+    bad = load_config("tiny", [f"run.output_dir={tmp_path / 'b'}", f"run.db_url=sqlite:///{tmp_path}/no/such/x.db"])
+    with pytest.raises(StoreError, match="folder does not exist"):
+        _preflight(bad, tmp_path / "b" / bad.run.name)
