@@ -110,7 +110,7 @@ MMLU_ROWS = [{"question_id": 70, "question": "Which organ filters blood?", "opti
 
 
 def test_mmlu_pro_loads_by_name_with_the_gpqa_prompt_and_choice_grading(monkeypatch):
-    datasets = pytest.importorskip("datasets")
+    import datasets  # a declared dependency: a missing one fails, never skips
     calls = []
     monkeypatch.setattr(datasets, "load_dataset", lambda name, split: calls.append((name, split)) or MMLU_ROWS)
     (item,) = E.load_suite("mmlu-pro")
@@ -126,7 +126,7 @@ def test_mmlu_pro_loads_by_name_with_the_gpqa_prompt_and_choice_grading(monkeypa
 
 
 def test_mmlu_pro_without_the_hub_is_one_clear_line(monkeypatch):
-    datasets = pytest.importorskip("datasets")
+    import datasets  # a declared dependency: a missing one fails, never skips
 
     def offline(name, split):
         raise ConnectionError("Couldn't reach 'TIGER-Lab/MMLU-Pro' on the Hub\n(OfflineModeIsEnabled)")
