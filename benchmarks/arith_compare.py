@@ -11,14 +11,22 @@ the comparison report of the complete seeds so far (table, paired statistics aga
 95% intervals, replays by source bucket, plots) is copied to benchmarks/results/arith_compare_<name>.*
 with the seed count. Rerun the same command to resume: finished child runs are read back from
 their databases, an interrupted one resumes from its last checkpoint. One torch thread per process.
+
+Each finished seed (every arm's row, curves and per-question results) is archived in
+results/arith_compare_<name>_seeds.json with the commit it trained on, and the published report is
+rebuilt from the archive: a later session (a fresh checkout without the runs/ folder) runs only the
+seeds the archive lacks. The archive remembers the preset, arms and overrides; other settings under
+the same name are refused (use another --name).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+import seed_archive  # noqa: E402
 from bench_record import RESULTS, save_result  # noqa: E402
 
 # The paper's ablations besides no_selection, which the paper lists as a combination.
@@ -52,6 +61,9 @@ def main() -> int:
     ap.add_argument("--name", default="af-main", help="comparison name (child runs resume on it)")
     ap.add_argument("--output-dir", default=str(HERE.parent / "runs"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more overrides for every arm")
+    ap.add_argument("--import-report", default=None, metavar="JSON",
+                    help="archive the seeds of an earlier comparison report (flows' compare_<name>.json) first")
+    ap.add_argument("--import-commit", default="unknown", help="the commit that report's runs trained on")
     a = ap.parse_args()
     import torch
 
@@ -60,31 +72,69 @@ def main() -> int:
 
     arms = PAPER_ARMS if a.arms == "all-paper" else [x.strip() for x in a.arms.split(",")]
     seeds = parse_seed_range(a.seeds)
-    overrides = [f"run.output_dir={a.output_dir}", *([f"run.steps={a.steps}"] if a.steps else []), *a.set]
-    done: list[int] = []
-    for seed in seeds:
+    extra = [*([f"run.steps={a.steps}"] if a.steps else []), *a.set]
+    fingerprint = {"preset": a.config, "arms": arms, "overrides": extra, "start_model": start_model(a.config, extra)}
+    try:
+        archive = seed_archive.load(a.name, fingerprint)
+    except seed_archive.ArchiveError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if a.import_report:
+        seed_archive.import_report(archive, Path(a.import_report), a.import_commit)
+        seed_archive.save(archive)
+    overrides = [f"run.output_dir={a.output_dir}", *extra]
+    for seed in [s for s in seeds if str(s) not in archive["seeds"]]:
         t0 = time.time()
-        out = compare(preset=a.config, overrides=overrides, arms=arms, seeds=[*done, seed], name=a.name)
-        done.append(seed)
-        copied = publish(out, a.name)
-        save_result(f"arith_compare_{a.name}.json", {
-            "comparison": a.name, "preset": a.config, "arms": arms, "seeds_done": done, "seeds_planned": seeds,
-            "overrides": overrides, "files": copied, "last_seed_seconds": time.time() - t0,
-            "report_json": out["files"]["json"]})
-        print(f"seed {seed} done ({len(done)}/{len(seeds)}) in {time.time() - t0:.0f} s", flush=True)
+        out = compare(preset=a.config, overrides=overrides, arms=arms, seeds=[seed], name=a.name)
+        seed_archive.add_seed(archive, seed, json.loads(Path(out["files"]["json"]).read_text()))
+        seed_archive.save(archive)
+        publish(archive, a.name, a.output_dir)
+        print(f"seed {seed} done ({len(archive['seeds'])} archived) in {time.time() - t0:.0f} s", flush=True)
+    publish(archive, a.name, a.output_dir)
     return 0
 
 
-def publish(out: dict, name: str) -> dict[str, str]:
-    """Copy the comparison's Markdown, CSV, full JSON and plots to benchmarks/results/arith_compare_<name>*."""
-    stem = f"arith_compare_{name}"
-    copied = {}
-    for kind, path in out["files"].items():
-        suffix = f"_{kind[4:]}" if kind.startswith("png_") else "_report" if kind == "json" else ""
-        dest = RESULTS / f"{stem}{suffix}{Path(path).suffix}"
-        shutil.copyfile(path, dest)
-        copied[kind] = dest.name
-    return copied
+def start_model(preset: str, overrides: list[str]) -> str:
+    """The starting model's identity: SHA-256 of the warm-started weights for `tiny-sft` (built now if
+    not cached; one thread, so every machine with this torch build gets the same), else its name."""
+    from exgrpo_core import warm_start
+    from exgrpo_core.config_io import load_config
+    from exgrpo_core.models import TINY_SFT
+
+    m = load_config(preset, overrides).model
+    if m.name_or_path != TINY_SFT:
+        return m.name_or_path
+    return "tiny-sft sha256:" + warm_start.weights_sha256(
+        warm_start.warm_started(m.tiny.model_dump(), m.warm_start.model_dump()))
+
+
+def publish(archive: dict, name: str, output_dir: str) -> None:
+    """Rebuild the report over every archived seed; copy it to benchmarks/results/arith_compare_<name>*."""
+    from flows import compare_report
+    from flows.compare import _meta
+    from flows.compare_arms import build_arm_runs
+    from exgrpo_core.config_io import load_config
+
+    fp, done = archive["fingerprint"], sorted(archive["seeds"], key=int)
+    if not done:
+        return
+    overrides = [f"run.output_dir={output_dir}", *fp["overrides"]]
+    model_note = f"Starting model: {fp['start_model']}."
+    runs = build_arm_runs(fp["preset"], overrides, fp["arms"], [int(s) for s in done], name, True)
+    base = load_config(fp["preset"], [*overrides, f"run.name={name}"])
+    meta = _meta(base, fp["preset"], overrides, fp["arms"], [int(s) for s in done], name, True, runs)
+    commits = sorted({archive["seeds"][s]["commit"] for s in done})
+    meta["notes"] = [f"Driver: `python benchmarks/arith_compare.py --config {fp['preset']} --arms {','.join(fp['arms'])} "
+                     f"--name {name}" + "".join(f" --set {o}" for o in fp["overrides"]) + "` (seed by seed; "
+                     f"{len(done)} seeds archived in `arith_compare_{name}_seeds.json`, trained on commit(s) "
+                     f"{', '.join(commits)}). {model_note}", "", *meta["notes"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = compare_report.write_report(seed_archive.results(archive), Path(tmp), name, meta)
+        for kind, path in paths.items():
+            suffix = f"_{kind[4:]}" if kind.startswith("png_") else "_report" if kind == "json" else ""
+            shutil.copyfile(path, RESULTS / f"arith_compare_{name}{suffix}{Path(path).suffix}")
+    save_result(f"arith_compare_{name}.json", {"comparison": name, **fp, "seeds_done": [int(s) for s in done],
+                                               "commits": commits})
 
 
 if __name__ == "__main__":

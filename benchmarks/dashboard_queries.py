@@ -50,7 +50,9 @@ def page_queries(url: str, run_id: str, K: int, full_range: bool) -> dict[str, l
                  ("curves", lambda: Q.metric_series(url, (run_id,), (M.REWARD_MEAN, M.FRESH_PASS1)))],
         "buffer": [("list_runs", lambda: Q.list_runs(url)),
                    ("metric_series", lambda: Q.metric_series(url, (run_id,), buffer_keys)),
-                   ("buffer_now", lambda: Q.buffer_now(url, run_id))],
+                   ("buffer_now", lambda: Q.buffer_now(url, run_id)),
+                   ("replay_buckets", lambda: Q.replay_buckets(url, run_id)),
+                   ("target_weights", lambda: Q.target_weights(url, run_id))],
         f"entropy{' (all steps)' if full_range else ''}": [
             ("step_bounds", lambda: Q.step_bounds(url, run_id)),
             ("hist_correct", lambda: Q.entropy_histogram(url, run_id, lo, last, "correct")),
@@ -58,13 +60,14 @@ def page_queries(url: str, run_id: str, K: int, full_range: bool) -> dict[str, l
             ("hist_bucket", lambda: Q.entropy_histogram(url, run_id, lo, last, "bucket")),
             ("replay_by_step", lambda: Q.replay_entropy_by_step(url, run_id)),
             ("fresh_entropy", lambda: Q.metric_series(url, (run_id,), (M.FRESH_ENTROPY,)))],
-        "experience": [("count", lambda: Q.search_questions(url, run_id, offset=0, limit=1)),
-                       ("page", lambda: Q.search_questions(url, run_id, offset=0, limit=25)),
+        "experience": [("count", lambda: Q.search_questions(url, run_id, rolled_out=True, offset=0, limit=1)),
+                       ("page", lambda: Q.search_questions(url, run_id, rolled_out=True, offset=0, limit=25)),
                        ("text_search", lambda: Q.search_questions(url, run_id, text="7 +", limit=25)),
                        ("bucket_filter", lambda: Q.search_questions(url, run_id, bucket=K // 2, limit=25)),
                        ("groups", lambda: Q.question_groups(url, run_id, qid)),
-                       ("trajectories", lambda: Q.question_trajectories(url, run_id, qid, limit=10))],
+                       ("trajectories", lambda: Q.question_trajectories(url, run_id, qid, limit=20))],
         "results": [("eval_results", lambda: Q.eval_results(url, (run_id,))),
+                    ("metric_keys", lambda: Q.metric_keys(url, (run_id,))),
                     ("curves", lambda: Q.metric_series(url, (run_id,), (M.REWARD_MEAN, M.FRESH_PASS1)))],
     }
 

@@ -99,7 +99,7 @@ def _wait_kill(proc: subprocess.Popen, kill: tuple[str, float], ckpt: Path) -> d
         if kind == "time" and time.monotonic() - start >= arg:
             break
         if kind == "checkpoint" and ckpt.is_dir() and any(
-                p.name.startswith(".tmp_step_") and int(p.name[10:]) >= arg for p in ckpt.iterdir()):
+                p.name.startswith(".tmp_step_") and int(p.name[10:]) > arg for p in ckpt.iterdir()):  # N = step + 1
             break
         time.sleep(0.002 if kind == "checkpoint" else 0.05)
     else:

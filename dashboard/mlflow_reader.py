@@ -68,3 +68,15 @@ def metric_history(uri: str, mlflow_run_ids: tuple[str, ...], keys: tuple[str, .
                     from None
             rows += [(rid, key, m.step, m.value) for m in hist]
     return pd.DataFrame(rows, columns=["mlflow_run_id", "key", "step", "value"])
+
+
+def run_info(uri: str, mlflow_run_ids: tuple[str, ...]) -> dict[str, dict]:
+    """{mlflow run id: {"experiment_id", "tags"}} of the runs that can be read (others are left out)."""
+    client, out = _client(uri), {}
+    for rid in mlflow_run_ids:
+        try:
+            run = client.get_run(rid)
+        except Exception:  # noqa: BLE001 - a deleted run has no link, the page still draws
+            continue
+        out[rid] = {"experiment_id": run.info.experiment_id, "tags": dict(run.data.tags)}
+    return out

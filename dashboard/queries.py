@@ -9,6 +9,7 @@ no query returns all of a run's trajectories. All reads go through `dashboard.db
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,6 +18,8 @@ from sqlalchemy import Connection, Integer, and_, case, cast, func, literal, or_
 from sqlalchemy.exc import SQLAlchemyError
 
 from exgrpo_core import metrics as M
+from exgrpo_core.algorithm.selection import PER_QUESTION, SelectionError, bucket_weights
+from exgrpo_core.config import SelectionConfig
 from exgrpo_core.store.engine import mask_url
 from exgrpo_core.store.tables import (EvalResult, GroupResultRow, QuestionRow, QuestionState, Replay, Run,
                                       StepMetric, Trajectory)
@@ -78,6 +81,13 @@ def metric_series(url: str, run_ids: tuple[str, ...], keys: tuple[str, ...]) -> 
         return _frame(conn, stmt, ["run_id", "step", "key", "value"])
 
 
+def metric_keys(url: str, run_ids: tuple[str, ...]) -> list[str]:
+    """Every step-metric key the runs logged, sorted."""
+    stmt = select(StepMetric.key).where(StepMetric.run_id.in_(run_ids)).distinct().order_by(StepMetric.key)
+    with reading(url, "metric names") as conn:
+        return [] if conn is None else [k for (k,) in conn.execute(stmt)]
+
+
 def buffer_now(url: str, run_id: str) -> pd.DataFrame:
     """Question states by latest k right now: [k, questions, retired, pooled, trajectories]; k NaN = unseen."""
     qs = QuestionState
@@ -86,6 +96,37 @@ def buffer_now(url: str, run_id: str) -> pd.DataFrame:
             .where(qs.run_id == run_id).group_by(qs.latest_k).order_by(qs.latest_k))
     with reading(url, "the buffer") as conn:
         return _frame(conn, stmt, ["k", "questions", "retired", "pooled", "trajectories"])
+
+
+def replay_buckets(url: str, run_id: str) -> pd.DataFrame:
+    """Replays per source bucket [k, replayed]: each experiential group counted in the bucket of its
+    question's previous group (what `ExperienceStore.replay_buckets` computes, here in SQL with LAG)."""
+    G = GroupResultRow
+    prev = func.lag(G.k).over(partition_by=G.question_id, order_by=(G.step, G.id)).label("prev_k")
+    history = select(G.is_replay, prev).where(G.run_id == run_id).subquery()
+    stmt = (select(history.c.prev_k, func.count()).where(history.c.is_replay.is_(True), history.c.prev_k.is_not(None))
+            .group_by(history.c.prev_k).order_by(history.c.prev_k))
+    with reading(url, "replays per bucket") as conn:
+        return _frame(conn, stmt, ["k", "replayed"]).astype({"k": int, "replayed": int})
+
+
+def target_weights(url: str, run_id: str) -> tuple[dict[int, float], str]:
+    """The run's question-selection weights w(k/K), k = 1..K-1 (`selection.bucket_weights` on the run's stored
+    config), normalised to sum 1, and the weighting's name; ({}, reason) when they cannot be derived."""
+    with reading(url, "the run's config") as conn:
+        row = conn.execute(select(Run.config_json, Run.group_size).where(Run.id == run_id)).one_or_none() \
+            if conn is not None else None
+    if row is None:
+        return {}, "unknown run"
+    try:
+        sel = SelectionConfig.model_validate(json.loads(row[0] or "{}").get("selection", {}))
+        w = bucket_weights(int(row[1]), sel.question_weighting, sel.sigma, sel.sigma_unit)
+    except (ValueError, SelectionError) as e:
+        return {}, f"the stored config gives no weights ({str(e).splitlines()[0]})"
+    if sel.question_weighting in PER_QUESTION:
+        return {}, f"{sel.question_weighting}: every pooled question equally likely, no per-bucket target"
+    total = sum(w.values())
+    return {k: v / total for k, v in w.items()}, sel.question_weighting
 
 
 # ---- entropy ----------------------------------------------------------------------------------------
@@ -108,37 +149,41 @@ def _bin(col):
     return cast(col / BIN_WIDTH, Integer)  # entropy >= 0, so truncation is floor
 
 
+def _agg(col) -> tuple:
+    return func.count(), func.sum(col), func.sum(col * col), func.min(col), func.max(col)
+
+
 def entropy_histogram(url: str, run_id: str, lo: int, hi: int, by: str) -> pd.DataFrame:
     """Fixed-width (BIN_WIDTH) entropy histogram of trajectories generated at steps lo..hi.
 
     `by`: "correct" (reward > 0 vs not), "bucket" (k of the group the trajectory was verified in),
     "source" (fresh rollouts vs replays, the latter with entropy under the policy at replay time).
-    Returns [group, bin, n, sum, sumsq]: the page merges bins and derives means and spreads.
+    Returns [group, bin, n, sum, sumsq, lo, hi] (lo/hi: the bin's smallest and largest entropy): the page
+    merges bins and derives means, spreads and each group's exact range.
     """
     T, G, R = Trajectory, GroupResultRow, Replay
     in_range = and_(T.run_id == run_id, T.step >= lo, T.step <= hi, T.entropy.is_not(None))
     if by == "correct":
         group = case((T.reward > 0, "correct"), else_="incorrect")
-        stmts = [select(group, _bin(T.entropy), func.count(), func.sum(T.entropy), func.sum(T.entropy * T.entropy))
+        stmts = [select(group, _bin(T.entropy), *_agg(T.entropy))
                  .where(in_range).group_by(*BY_FIRST_TWO)]
     elif by == "bucket":
-        stmts = [select(G.k, _bin(T.entropy), func.count(), func.sum(T.entropy), func.sum(T.entropy * T.entropy))
+        stmts = [select(G.k, _bin(T.entropy), *_agg(T.entropy))
                  .join(G, and_(G.run_id == T.run_id, G.question_id == T.question_id, G.step == T.collected_step))
                  .where(in_range).group_by(*BY_FIRST_TWO)]
     elif by == "source":
         fresh = case((T.reward > 0, "fresh correct"), else_="fresh incorrect")
-        stmts = [select(fresh, _bin(T.entropy), func.count(), func.sum(T.entropy), func.sum(T.entropy * T.entropy))
+        stmts = [select(fresh, _bin(T.entropy), *_agg(T.entropy))
                  .where(in_range).group_by(*BY_FIRST_TWO),
-                 select(literal("replayed"), _bin(R.entropy), func.count(), func.sum(R.entropy),
-                        func.sum(R.entropy * R.entropy))
+                 select(literal("replayed"), _bin(R.entropy), *_agg(R.entropy))
                  .where(R.run_id == run_id, R.step >= lo, R.step <= hi, R.entropy.is_not(None))
                  .group_by(text("2"))]
     else:
         raise DashboardError(f"unknown entropy grouping {by!r}: use correct, bucket or source")
-    cols = ["group", "bin", "n", "sum", "sumsq"]
+    cols = ["group", "bin", "n", "sum", "sumsq", "lo", "hi"]
     with reading(url, "entropy histograms") as conn:
         out = pd.concat([_frame(conn, s, cols) for s in stmts], ignore_index=True)
-    return out.astype({"group": str, "bin": int, "n": int, "sum": float, "sumsq": float})
+    return out.astype({"group": str, "bin": int, "n": int, "sum": float, "sumsq": float, "lo": float, "hi": float})
 
 
 def replay_entropy_by_step(url: str, run_id: str) -> pd.DataFrame:
@@ -160,9 +205,11 @@ def _sorted_by(columns, order: str) -> list:
 
 
 def search_questions(url: str, run_id: str, *, bucket: int | None = None, retired: bool | None = None,
-                     min_replayed: int = 0, text: str = "", order: str = "replayed",
+                     min_replayed: int = 0, text: str = "", order: str = "replayed", rolled_out: bool = False,
                      offset: int = 0, limit: int = PAGE_SIZE) -> tuple[pd.DataFrame, int]:
     """One page of the run's questions matching the filters, and how many match in total.
+
+    rolled_out: only questions with at least one verified group (n_groups > 0).
 
     The question text is joined only for a text search and for the page's own rows, so paging
     through a run's 50k question states never joins them all.
@@ -173,6 +220,8 @@ def search_questions(url: str, run_id: str, *, bucket: int | None = None, retire
         where.append(qs.latest_k == bucket)
     if retired is not None:
         where.append(qs.retired.is_(retired))
+    if rolled_out:
+        where.append(qs.n_groups > 0)
     matching = select(qs.__table__).where(*where)
     if text.strip():
         pattern = f"%{text.strip()}%"
@@ -203,14 +252,23 @@ def question_groups(url: str, run_id: str, question_id: int) -> pd.DataFrame:
     return out
 
 
-def question_trajectories(url: str, run_id: str, question_id: int, *, offset: int = 0,
+def question_trajectories(url: str, run_id: str, question_id: int, *, correct: bool | None = None,
+                          replayed: bool | None = None, offset: int = 0,
                           limit: int = PAGE_SIZE) -> tuple[pd.DataFrame, int]:
-    """One page of the question's stored trajectories (newest first) and their total count."""
+    """One page of the question's stored trajectories (newest first) and how many match in total.
+
+    correct: reward > 0 (True) or not (False); replayed: replayed at least once (True) or never (False).
+    """
     T = Trajectory
     cols = ["id", "step", "collected_step", "reward", "entropy", "length", "truncated", "in_pool", "retired",
             "times_replayed", "last_replayed_step", "text"]
-    where = (T.run_id == run_id, T.question_id == question_id)
-    page = select(*(getattr(T, c) for c in cols)).where(*where).order_by(T.id.desc()).limit(limit).offset(offset)
+    where = [T.run_id == run_id, T.question_id == question_id]
+    if correct is not None:
+        where.append(T.reward > 0 if correct else T.reward <= 0)
+    if replayed is not None:
+        where.append(T.times_replayed > 0 if replayed else T.times_replayed == 0)
+    page = (select(*(getattr(T, c) for c in cols)).where(*where)  # newest group first, so a page holds whole groups
+            .order_by(T.collected_step.desc(), T.id.desc()).limit(limit).offset(offset))
     with reading(url, "trajectories") as conn:
         rows = _frame(conn, page, cols)
         n = int(conn.execute(select(func.count()).select_from(T).where(*where)).scalar_one()) if conn is not None else 0

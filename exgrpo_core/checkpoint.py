@@ -6,6 +6,14 @@ files are config + tokenizer and `model/` holds each process's weight shard), wr
 folder and renamed, so a kill mid-save never leaves a half checkpoint that looks complete. The
 experience database is rolled back to the checkpoint's step on resume (`ExperienceStore.rollback_to`).
 
+Numbering: a folder is named by the steps completed, the count the CLI's progress line shows
+(`step 4/4` -> `step_000004`); `trainer_state.pt` keeps the 0-based index of its last step (3 here),
+the step the database and MLflow log it at.
+
+Pruning (`run.keep_checkpoints`): only after a new checkpoint is renamed into place, fsynced and its
+files checked against its manifest, and only folders older than it: the checkpoint a run resumed
+from stays until a newer one is complete, and a failed write removes nothing.
+
 Integrity: `manifest.json` lists every file's size and SHA-256; files and folders are fsynced before
 the rename (and the parent after it), so a power loss cannot leave a renamed folder with unwritten
 data. On resume `resume_point` verifies the manifest and falls back to the newest intact checkpoint
@@ -14,6 +22,7 @@ data. On resume `resume_point` verifies the manifest and falls back to the newes
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -40,10 +49,42 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+@contextlib.contextmanager
+def no_progress_bars():
+    """transformers' tqdm bars ("Loading weights", "Writing model shards") off meanwhile, so a run's log
+    holds its own lines; restored afterwards (hub downloads outside this block keep theirs)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def folder_name(step: int) -> str:
+    """The folder of the checkpoint taken after 0-based step `step`: named by the steps completed."""
+    return f"step_{step + 1:06d}"
+
+
+def _number(path: Path) -> int:
+    """N of a `step_N` or `.tmp_step_N` folder (-1 for other names)."""
+    digits = path.name.removeprefix(".tmp_").removeprefix("step_")
+    return int(digits) if digits.isdigit() and path.name.removeprefix(".tmp_").startswith("step_") else -1
+
+
+def _folders(root: Path, prefix: str = "step_") -> list[Path]:
+    """The `step_N` folders (`.tmp_step_N`: interrupted writes) in `root`, oldest first."""
+    found = [p for p in root.glob(f"{prefix}*") if p.is_dir() and _number(p) >= 0] if root.is_dir() else []
+    return sorted(found, key=_number)
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The newest complete checkpoint folder, or None."""
     root = checkpoint_dir(run_dir)
-    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file()) if root.is_dir() else []
+    done = [p for p in _folders(root) if (p / STATE_FILE).is_file()]
     return done[-1] if done else None
 
 
@@ -61,7 +102,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
                     keep: int = 2, model_state: dict | None = None,
                     optimizer_shards: Callable[[Path], None] | None = None,
                     model_shards: Callable[[Path], None] | None = None) -> Path:
-    """Write step `step` atomically and prune all but the `keep` newest checkpoints.
+    """Write the checkpoint after 0-based step `step` atomically (folder `folder_name(step)`), then
+    prune older checkpoints down to the `keep` newest (module docstring: when and what).
 
     `model_state`: the full model state gathered from sharded processes (fsdp.py), used instead of
     the model's own. `optimizer_shards(folder)` / `model_shards(folder)`: write the optimiser state /
@@ -69,16 +111,17 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     `optimizer: None`, and the folder the model's config instead of its weights."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:06d}"
-    tmp = root / f".tmp_step_{step:06d}"
+    final = root / folder_name(step)
+    tmp = root / f".tmp_{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
-    if model_shards is not None:
-        model.config.save_pretrained(tmp)
-        model.generation_config.save_pretrained(tmp)
-        model_shards(tmp / MODEL_SHARDS)
-    else:
-        model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
-    tokenizer.save_pretrained(tmp)
+    with no_progress_bars():
+        if model_shards is not None:
+            model.config.save_pretrained(tmp)
+            model.generation_config.save_pretrained(tmp)
+            model_shards(tmp / MODEL_SHARDS)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
+        tokenizer.save_pretrained(tmp)
     if optimizer_shards is not None:
         optimizer_shards(tmp / OPTIMIZER_SHARDS)
     optim = None if optimizer_shards is not None else optimizer.state_dict()
@@ -87,9 +130,25 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     _fsync_dir(root)  # the rename itself is durable
-    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    prune_checkpoints(root, final, keep)
     return final
+
+
+def prune_checkpoints(root: Path, newest: Path, keep: int) -> list[Path]:
+    """Remove the checkpoints older than `newest` beyond the `keep` newest (`newest` counted), and
+    interrupted writes of older steps; nothing when `newest` does not match its manifest's sizes.
+    Returns the removed folders."""
+    problem = verify_checkpoint(newest, hashes=False)
+    if problem is not None:
+        warnings.warn(f"checkpoint {newest} is incomplete after writing ({problem}): no older checkpoint "
+                      "removed", stacklevel=2)
+        return []
+    n = _number(newest)
+    older = [p for p in _folders(root) if _number(p) < n]
+    gone = older[:max(0, len(older) - (keep - 1))] + [p for p in _folders(root, ".tmp_step_") if _number(p) < n]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
 
 
 def load_trainer_state(path: str | Path) -> dict:
@@ -142,8 +201,9 @@ def write_manifest(folder: str | Path) -> dict:
     return manifest
 
 
-def verify_checkpoint(folder: str | Path) -> str | None:
-    """None when `folder` matches its manifest (or predates manifests), else what is wrong, in words."""
+def verify_checkpoint(folder: str | Path, hashes: bool = True) -> str | None:
+    """None when `folder` matches its manifest (or predates manifests), else what is wrong, in words.
+    `hashes=False` checks the files' presence and sizes only (a just-written checkpoint)."""
     folder = Path(folder)
     if not (folder / MANIFEST).is_file():
         return None if (folder / STATE_FILE).is_file() else f"{STATE_FILE} is missing"
@@ -158,7 +218,7 @@ def verify_checkpoint(folder: str | Path) -> str | None:
         size = p.stat().st_size
         if size != want["size"]:
             return f"{rel} has {size} bytes, the manifest says {want['size']}"
-        if _sha256(p) != want["sha256"]:
+        if hashes and _sha256(p) != want["sha256"]:
             return f"{rel} does not match its SHA-256 in the manifest"
     return None
 
@@ -170,7 +230,7 @@ def resume_point(run_dir: str | Path) -> Path | None:
     wrong; when every checkpoint is damaged, CheckpointError names the newest and what to do.
     """
     root = checkpoint_dir(run_dir)
-    found = sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
+    found = _folders(root)
     damaged: list[tuple[Path, str]] = []
     for path in reversed(found):
         problem = verify_checkpoint(path)

@@ -30,14 +30,20 @@ class RunConfig(_Section):
     """MLflow tracking URI. None: env MLFLOW_TRACKING_URI, else a local file store in the run dir."""
     mlflow_experiment: str = "exgrpo"
     """MLflow experiment (one per project)."""
+    mlflow_log_model: bool = False
+    """Also upload the final checkpoint's model (weights, config, tokenizer; not the optimiser) to the
+    MLflow run as `model/`. Its path and manifest hash are always logged."""
     resume: Literal["auto", "never", "must"] = "auto"
-    """auto: continue from the run dir's latest checkpoint if there is one; must: fail if none."""
+    """auto: continue from the run dir's latest checkpoint if there is one; must: fail if none; never:
+    start from step 0 (refused when the run dir already holds checkpoints)."""
     steps: int = Field(default=500, ge=1)
     """Training iterations (paper: 500, 700 for Qwen2.5-Math-7B)."""
     checkpoint_every: int = Field(default=50, ge=0)
-    """Save a resumable checkpoint every N steps (0: only at the end)."""
+    """Save a resumable checkpoint every N steps (0: only at the end). Its folder is named by the steps
+    completed (`step_000004` after `step 4/N`)."""
     keep_checkpoints: int = Field(default=2, ge=1)
-    """How many recent checkpoints to keep on disk."""
+    """How many recent checkpoints to keep on disk. Older ones are removed only once a newer one is written
+    and checked, so the one a run resumed from stays until then."""
     checkpoint_weights: Literal["full", "sharded"] = "full"
     """full: the weights as one Hugging Face folder (FSDP2 gathers them on rank 0); sharded (FSDP2
     only): every process writes its own shard (torch.distributed.checkpoint). `load_policy` and
@@ -168,7 +174,7 @@ class BufferConfig(_Section):
     collect_min_k: int = Field(default=1, ge=0)
     """Collect correct responses of questions with collect_min_k <= k (code: 1)."""
     collect_max_k: int | None = None
-    """... and k <= collect_max_k (None: K-1, the code's default)."""
+    """Collect correct responses of questions with k <= collect_max_k (None: K-1, the code's default)."""
     collect_before_replay: bool = False
     """(code: False) Whether to collect experience before replay is active."""
     retire_solved: bool = True
@@ -176,13 +182,28 @@ class BufferConfig(_Section):
     skip_retired_fresh: bool = True
     """(code) Skip retired questions in on-policy sampling at the next pass over the data."""
     min_fresh_remaining: int = Field(default=64, ge=0)
-    """... but only while at least this many unretired questions remain."""
+    """Skip retired questions in fresh sampling only while at least this many unretired questions remain."""
     zero_success: Literal["keep_bucket", "move"] = "keep_bucket"
     """A pooled question whose fresh group scores 0/K: keep_bucket (code: the bucket update is skipped on
     0 successes) or move (to bucket 0, never drawn for replay while it stays pooled). Counted either
     way in `buffer/pooled_zero_success`."""
     store_all_rollouts: bool = True
     """Store every verified rollout (for analysis); only correct ones of eligible groups enter the pool."""
+    warm_start: list[str] = []
+    """Earlier runs (names or ids, `RUN[,RUN...]`) whose pooled correct trajectories seed this run's pool
+    at its start, with their behaviour log-probs and buckets (docs/experience_reuse.md). [] = cold start."""
+    warm_start_verifier: str = "current"
+    """Which of their trajectories to take by the verifier version that graded them: current (this
+    code's version), any (also rows graded before versions were recorded), or one version string."""
+    warm_start_max_age: int | None = Field(default=None, ge=0)
+    """Only trajectories sampled at most this many steps before their run's last step (None: any age)."""
+
+    @field_validator("warm_start", mode="before")
+    @classmethod
+    def _split_runs(cls, v):
+        if isinstance(v, str):
+            return [x.strip() for x in v.split(",") if x.strip()]
+        return v
 
 
 class SelectionConfig(_Section):
@@ -303,6 +324,67 @@ class EvalConfig(_Section):
         return self
 
 
+MonitorAction = Literal["warn", "checkpoint_and_stop"]
+
+
+class Bounds(_Section):
+    """One replay-health monitor (exgrpo_core/monitors.py, docs/monitors.md): fires at a step whose watched
+    value lies outside [min, max]."""
+
+    min: float | None = None
+    """Fire when the value falls below this (None: no lower bound)."""
+    max: float | None = None
+    """Fire when the value rises above this (None: no upper bound)."""
+    action: MonitorAction = "warn"
+    """warn: report the firing (Prefect event, MLflow tag, CLI line, dashboard banner) and go on;
+    checkpoint_and_stop: also write a checkpoint and stop the run with a non-success status."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Bounds":
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"monitor bounds need min <= max (got min {self.min} > max {self.max})")
+        return self
+
+
+class MonitorsConfig(_Section):
+    """Replay-health monitors: checked after every step; a value outside its bounds is a firing."""
+
+    enabled: bool = True
+    """Check the monitors at all."""
+    fresh_entropy: Bounds = Bounds(min=0.03, max=3.0)
+    """Mean H(o) of the step's fresh rollouts (nats/token): below min a collapse, above max a blow-up."""
+    replayed_entropy: Bounds = Bounds(min=0.03, max=3.0)
+    """Mean H(o) of the replayed trajectories under the current policy (steps that replay only)."""
+    zero_variance: Bounds = Bounds(max=0.95)
+    """Fraction of the step's groups whose rewards are all equal (no policy gradient): -> 1 means stalled."""
+    iw_max: Bounds = Bounds(max=50.0)
+    """Largest importance weight w = pi_theta / pi_behaviour over replayed tokens (steps that replay only)."""
+    iw_var: Bounds = Bounds(max=10.0)
+    """Variance of w over replayed tokens (steps that replay only)."""
+    logprob_gap: Bounds = Bounds(max=0.1)
+    """Rollout-vs-trainer log-prob gap (nats/token): the larger of `rollout/logprob_gap` and the vLLM
+    weight-push probe `engine/sync_logprob_gap`."""
+    timeout_rate: Bounds = Bounds(max=0.05)
+    """Fraction of the step's responses whose verification timed out."""
+    retired_fraction: Bounds = Bounds(max=0.9)
+    """Retired questions / training questions: running away leaves little to learn from."""
+    unfilled_slots: Bounds = Bounds(max=0.5)
+    """Fraction of the step's replay slots (round(rho*B) once replay is on) left without a trajectory."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keep_default_bounds(cls, data):
+        """A partly given monitor (`--set monitors.iw_max.action=...`) keeps the rest of its defaults."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if field is not None and isinstance(field.default, Bounds) and isinstance(value, dict):
+                out[name] = {**field.default.model_dump(), **value}
+        return out
+
+
 class ExGRPOConfig(_Section):
     """Root of the config tree; `preset` records where it came from."""
 
@@ -328,6 +410,8 @@ class ExGRPOConfig(_Section):
     """Batching and optimiser."""
     eval: EvalConfig = EvalConfig()
     """Benchmark evaluation: periodic during training, final, and standalone (`exgrpo evaluate`)."""
+    monitors: MonitorsConfig = MonitorsConfig()
+    """Replay-health monitors and their actions (docs/monitors.md)."""
 
     @model_validator(mode="after")
     def _check(self) -> "ExGRPOConfig":

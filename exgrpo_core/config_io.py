@@ -71,9 +71,22 @@ def build_config(data: dict, source: str = "config") -> ExGRPOConfig:
             loc = ".".join(str(x) for x in err["loc"]) or "(root)"
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
-                msg = "unknown key (check spelling; see `exgrpo config --help-keys`)"
+                msg = unknown_key_hint(loc)
             lines.append(f"  {loc}: {msg}")
         raise ConfigError(f"invalid {source}:\n" + "\n".join(lines)) from None
+
+
+def unknown_key_hint(key: str) -> str:
+    """`unknown key (did you mean rollout.temperature?; ...)`, pointing at `exgrpo config --help-keys`."""
+    import difflib
+
+    from exgrpo_core.config_help import config_keys
+
+    keys = [k.key for k in config_keys()]
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+    section = key.split(".")[0] + "." if "." in key and any(k.startswith(key.split(".")[0] + ".") for k in keys) else ""
+    guess = f"did you mean {close[0]}? " if close else "check spelling; "
+    return f"unknown key ({guess}see `exgrpo config --help-keys {section}`)".replace(" `)", "`)")
 
 
 def load_config(name_or_path: str, overrides: list[str] | None = None) -> ExGRPOConfig:

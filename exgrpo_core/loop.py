@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from exgrpo_core.algorithm import losses, selection
-from exgrpo_core import metrics as M
+from exgrpo_core import metrics as M, monitors, staleness, verifier_audit
 from exgrpo_core.algorithm.advantages import compute_group_advantages
 from exgrpo_core.training.batch import collate
 from exgrpo_core.training.flops import model_train_flops
@@ -28,11 +28,13 @@ from exgrpo_core.types import GroupResult, Rollout
 
 @dataclass
 class BatchPlan:
-    """The step's questions: `fresh` get K rollouts, `replay` get K-1 plus one stored trajectory."""
+    """The step's questions: `fresh` get K rollouts, `replay` get K-1 plus one stored trajectory.
+    `replay_slots`: the experiential questions asked for (round(rho*B) once replay is on, else 0)."""
 
     step: int
     fresh: list[str]
     replay: list[str]
+    replay_slots: int = 0
 
 
 def plan_batch(s: Session) -> BatchPlan:
@@ -50,7 +52,7 @@ def plan_batch(s: Session) -> BatchPlan:
                            retired=s.store.retired_uids(s.run_id) if cfg.buffer.skip_retired_fresh else set(),
                            skip_retired=cfg.buffer.skip_retired_fresh,
                            min_remaining=cfg.buffer.min_fresh_remaining)
-    return BatchPlan(s.step, fresh, replay)
+    return BatchPlan(s.step, fresh, replay, cfg.replay_questions if s.replay_active else 0)
 
 
 def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
@@ -131,11 +133,12 @@ def score_rollouts(s: Session, rollouts: list[Rollout], entropy_kind: str = "mea
 
 
 def verify(s: Session, rollouts: list[Rollout]) -> dict:
-    """Grade every response with the verifier; switch replay on when the batch is good enough."""
+    """Grade every response with its row's grader (math-verify, or the final choice letter for
+    multiple-choice rows, as evaluation does), recording what it read; switch replay on when the
+    batch is good enough."""
     t0 = time.perf_counter()
-    results = s.verify([r.text for r in rollouts], [s.questions[r.question_uid].answer for r in rollouts])
-    for r, (reward, reason) in zip(rollouts, results):
-        r.reward, r.reason = float(reward), reason
+    verifier_audit.grade_and_describe(s.verify, rollouts, [s.questions[r.question_uid] for r in rollouts],
+                                      require_think=s.cfg.reward.require_think)
     truncated_rewarded = apply_truncation_rule(rollouts, s.cfg.reward.truncated)
     frac = selection.batch_correct_fraction([r.reward for r in rollouts])
     if (not s.replay_active and s.cfg.replay_questions > 0
@@ -197,12 +200,17 @@ def select_trajectories(s: Session, plan: BatchPlan) -> tuple[dict[str, Rollout]
         if options:
             chosen[uid] = options[selection.choose_trajectory([r.entropy for r in options],
                                                               s.cfg.selection.trajectory, s.rng)]
+    current = {uid: r.behaviour_logprobs for uid, r in chosen.items()}  # the policy at the step's start
     for e in s.store.with_payloads(s.run_id, [exp[r.replayed_from] for r in chosen.values()]):
         r = chosen[e.question_uid]
         r.behaviour_logprobs, r.text = e.behaviour_logprobs, e.text  # (code) the trainer's log-probs at collection
     s.store.record_replays(s.run_id, plan.step, [(r.replayed_from, r.entropy) for r in chosen.values()])
+    shaping = s.cfg.loss.shaping_beta if s.cfg.loss.policy_shaping else None
+    stale = staleness.replay_stats(plan.step, [r.step for r in chosen.values()], [current[u] for u in chosen],
+                                   [r.behaviour_logprobs for r in chosen.values()], shaping)
     return chosen, {M.REPLAYED_SAMPLES: float(len(chosen)), M.CANDIDATES: float(len(rows)),
                     M.REPLAYED_ENTROPY: _mean([r.entropy for r in chosen.values()]),
+                    M.UNFILLED_SLOTS: float(max(plan.replay_slots - len(chosen), 0)), **stale,
                     M.TIME_SELECT: time.perf_counter() - t0}
 
 
@@ -298,10 +306,21 @@ def run_iteration(s: Session) -> dict:
     st5 = train(s, groups, replayed)
     out = {**st1, **st2, **st3, **st4, **st5, **buffer_snapshot(s)}
     out[M.TIME_ITERATION] = time.perf_counter() - t0
+    out.update({f.key: f.value for f in check_monitors(s, plan.step, out, store=False)})
     s.store.log_metrics(s.run_id, plan.step, out)
     s.store.update_run(s.run_id, step=plan.step)
     s.step += 1
     return out
+
+
+def check_monitors(s: Session, step: int, stats: dict, store: bool = True) -> list[monitors.Firing]:
+    """The step's replay-health firings (exgrpo_core/monitors.py); `store`: record each as the step
+    metric `monitor/<name>` = its watched value. Reporting them and stopping is the caller's."""
+    fired = monitors.check(stats, s.cfg.monitors, step=step, train_questions=len(s.questions),
+                           replay_slots=s.cfg.replay_questions)
+    if fired and store:
+        s.store.log_metrics(s.run_id, step, {f.key: f.value for f in fired})
+    return fired
 
 
 def _mean(xs) -> float:

@@ -35,6 +35,19 @@ POOLED_ZERO_SUCCESS = "buffer/pooled_zero_success"  # pooled questions whose gro
 REPLAYED_SAMPLES = "select/replayed_samples"
 REPLAYED_ENTROPY = "select/replayed_entropy"
 CANDIDATES = "select/candidates"
+UNFILLED_SLOTS = "select/unfilled_slots"  # replay slots of the step (round(rho*B) once replay is on) left without a trajectory
+# staleness of the replayed trajectories (docs/monitors.md): age = step - the step whose policy sampled it;
+# w = pi_theta / pi_behaviour per replayed token and f(w) the weight the replay term applies, both
+# under the policy at the step's start (before its first optimiser step); 0 when nothing is replayed
+REPLAY_AGE_MEAN = "select/age_mean"
+REPLAY_AGE_MAX = "select/age_max"
+REPLAY_W_P10 = "select/w_p10"
+REPLAY_W_P50 = "select/w_p50"
+REPLAY_W_P90 = "select/w_p90"
+REPLAY_W_MAX = "select/w_max"
+REPLAY_FW_P10 = "select/fw_p10"
+REPLAY_FW_P50 = "select/fw_p50"
+REPLAY_FW_P90 = "select/fw_p90"
 # loss / optimisation
 LOSS_TOTAL = "loss/total"
 LOSS_ONPOLICY = "loss/onpolicy"
@@ -94,6 +107,17 @@ DIST_PREFIX = "dist/"
 DIST_PARAM_GAP = DIST_PREFIX + "param_gap"
 
 
+# replay-health monitors (exgrpo_core/monitors.py): `monitor/<name>` is stored at the steps where it fired
+MONITOR_PREFIX = "monitor/"
+MONITORS = ("fresh_entropy", "replayed_entropy", "zero_variance", "iw_max", "iw_var", "logprob_gap",
+            "timeout_rate", "retired_fraction", "unfilled_slots")
+
+
+def monitor_key(name: str) -> str:
+    """`monitor/iw_max`: present at a step where that monitor fired, its value the watched quantity."""
+    return MONITOR_PREFIX + name
+
+
 def bucket_key(k: int) -> str:
     """`buffer/bucket_3`: number of questions whose latest group had k correct."""
     return f"buffer/bucket_{k}"
@@ -101,14 +125,14 @@ def bucket_key(k: int) -> str:
 
 STEP_METRICS: tuple[str, ...] = tuple(
     v for name, v in sorted(globals().items()) if name.isupper() and isinstance(v, str) and "/" in v
-    and not v.startswith((EVAL_PREFIX, ENGINE_PREFIX, DIST_PREFIX)))
+    and not v.startswith((EVAL_PREFIX, ENGINE_PREFIX, DIST_PREFIX, MONITOR_PREFIX)))
 """Logged every training step (evaluation keys appear only at evaluation steps)."""
 
 
 def declared(key: str, group_size: int) -> bool:
-    """True if `key` is part of the contract (fixed names, bucket counts 0..K, eval keys)."""
+    """True if `key` is part of the contract (fixed names, bucket counts 0..K, eval and monitor keys)."""
     if key in STEP_METRICS or key in (EVAL_SECONDS, EVAL_QUESTIONS_PER_S) or _EVAL_KEY.fullmatch(key):
         return True
-    if key in (ENGINE_SYNC_GAP, ENGINE_SYNC_S, DIST_PARAM_GAP):
+    if key in (ENGINE_SYNC_GAP, ENGINE_SYNC_S, DIST_PARAM_GAP) or key in {monitor_key(n) for n in MONITORS}:
         return True
     return key in {bucket_key(k) for k in range(group_size + 1)}

@@ -8,6 +8,7 @@ Padding side is the caller's choice (left for generation); we only make sure a p
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -20,7 +21,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM,
                           PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast)
 
-from exgrpo_core.checkpoint import MODEL_SHARDS, has_weight_shards
+from exgrpo_core.checkpoint import MODEL_SHARDS, has_weight_shards, no_progress_bars
 
 TINY = "tiny"
 TINY_SFT = "tiny-sft"
@@ -127,8 +128,9 @@ def convert_smollm2(target: Path | None = None) -> Path:
     if target.is_dir():
         return target
     gguf = smollm2_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with no_progress_bars(), _no_gguf_bar():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     plain = _plain_copy(loaded)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -144,6 +146,22 @@ def convert_smollm2(target: Path | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+@contextlib.contextmanager
+def _no_gguf_bar():
+    """transformers' GGUF reader draws its own tqdm bar (not switched off by its logging settings)."""
+    import functools
+
+    from tqdm.auto import tqdm
+    from transformers import modeling_gguf_pytorch_utils as reader
+
+    own = getattr(reader, "tqdm", None)
+    reader.tqdm = functools.partial(tqdm, disable=True)
+    try:
+        yield
+    finally:
+        reader.tqdm = own
 
 
 def _plain_copy(model: PreTrainedModel) -> PreTrainedModel:
@@ -167,8 +185,9 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
     """Write model (safetensors) and tokenizer (with its chat template) so `from_pretrained(path)` reads them."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    with no_progress_bars():
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
 
 
 def load_policy(name_or_path: str, *, dtype: str = "float32", tiny: dict | None = None,
@@ -239,9 +258,10 @@ def _from_pretrained(name: str, source: str) -> tuple[PreTrainedModel, PreTraine
     if looks_local and not os.path.isdir(os.path.expanduser(source)):
         raise ModelLoadError(f"model {name!r}: local path {source} does not exist")
     source = os.path.expanduser(source)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    try:  # a local folder loads without progress bars; a hub download keeps them
+        with no_progress_bars() if looks_local else contextlib.nullcontext():
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     except (OSError, ValueError) as err:
         reason = " ".join(str(err).split())  # transformers' messages span lines
         if looks_local:

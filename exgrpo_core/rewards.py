@@ -25,6 +25,8 @@ from multiprocessing.connection import wait
 
 from exgrpo_core import lifeline
 
+RULES_VERSION = "1"
+"""Version of the extraction and grading rules here; bump it when a change can change a reward (audit)."""
 REASONS = ("correct", "wrong", "no_answer", "ambiguous", "no_think", "timeout", "error")
 TEST_HOOKS_ENV = "EXGRPO_VERIFY_TEST_HOOKS"
 """When "1" at MathVerifier construction, a response containing `_test_sleep(SECONDS)` makes the

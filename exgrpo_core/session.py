@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from exgrpo_core import checkpoint, data, locks, models
+from exgrpo_core import checkpoint, data, locks, models, reuse
 from exgrpo_core.training import distributed as D, fsdp
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import ConfigError
@@ -119,6 +119,8 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
     if verify is None:
         verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
         questions = _usable(questions, verifier, where)
+    # sources checked and read before the model loads; a resumed run was seeded when it started
+    warm = reuse.plan_warm_start(cfg, questions, db_url) if ckpt is None else None
     worker, tokenizer = open_worker(cfg, accelerator, ckpt, run_dir)
 
     store = ExperienceStore(db_url)
@@ -144,6 +146,8 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
     elif unfinished:  # started before, never checkpointed: the same run again from step 0
         session.mlflow_run_id = unfinished["mlflow_run_id"]
         store.rollback_to(run_id, -1)
+    if warm:  # once per run: a run seeded before (killed before its first checkpoint) is not seeded again
+        store.seed_pool(run_id, warm["exports"], warm["record"])
     return session
 
 
@@ -226,8 +230,8 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
     model, tokenizer = models.load_policy(source, dtype=master_dtype(cfg, accelerator),
                                           tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed,
                                           warm_start=cfg.model.warm_start.model_dump())
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if cfg.model.gradient_checkpointing:  # transformers 5 renamed it (the old name warns)
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     ref_model = None
     if cfg.loss.kl_coef > 0:
         ref_model, _ = models.load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype,

@@ -76,6 +76,13 @@ class Rollout:
     replayed_from: int | None = None
     sampler_logprobs: list[float] | None = None
     """[T] the rollout engine's own log-probs when the trainer rescored the response (TIS), else None."""
+    prediction: str | None = None
+    """The final answer the grader extracted (None: none found, or not graded by `loop.verify`)."""
+    gold: str | None = None
+    """The gold answer as the grader read it (math: the LaTeX given to math-verify; choice: the label)."""
+    verifier: str | None = None
+    """Grader name, "math" or "choice" (None: not recorded); verifier_version: its rules' version."""
+    verifier_version: str | None = None
 
 
 @dataclass

@@ -88,6 +88,14 @@ def fine_tune(model, tokenizer, *, steps: int, lr: float, batch_size: int, seed:
     return losses
 
 
+def weights_sha256(folder: Path) -> str:
+    """SHA-256 over the folder's *.safetensors files in name order: which starting model a run had."""
+    h = hashlib.sha256()
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def warm_started(tiny: dict, warm: dict) -> Path:
     """The folder of the warm-started tiny model for these settings, trained and saved on first use
     (atomically: a temporary folder renamed into place; a concurrent builder's result is kept)."""
@@ -96,15 +104,20 @@ def warm_started(tiny: dict, warm: dict) -> Path:
         return target
     tokenizer = models.build_tiny_tokenizer()
     model = models.build_tiny_model(tokenizer, **tiny, seed=warm["seed"])
-    losses = fine_tune(model, tokenizer, steps=warm["steps"], lr=warm["lr"], batch_size=warm["batch_size"],
-                       seed=warm["seed"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: the same weights whatever the caller's thread count
+    try:
+        losses = fine_tune(model, tokenizer, steps=warm["steps"], lr=warm["lr"], batch_size=warm["batch_size"],
+                           seed=warm["seed"])
+    finally:
+        torch.set_num_threads(threads)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         models.save_policy(model, tokenizer, tmp)
         (tmp / "exgrpo_warm_start.json").write_text(json.dumps(
             {"tiny": tiny, "warm": warm, "version": FORMAT_VERSION, "first_loss": losses[0] if losses else None,
-             "last_loss": losses[-1] if losses else None}))
+             "last_loss": losses[-1] if losses else None, "sha256": weights_sha256(tmp)}))
         tmp.chmod(0o755)
         os.rename(tmp, target)
     except OSError:

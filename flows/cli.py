@@ -6,8 +6,11 @@
     exgrpo db upgrade [--url URL]
     exgrpo dashboard --config cpu-demo [--port 8501]              # Streamlit dashboard, read-only
     exgrpo compare --config tiny --arms on_policy,exgrpo --seeds 0,1   # child runs + comparison table
+    exgrpo compare --config tiny --seeds 0-3 --parallel --slots 4       # children on a work pool (docs/scaling.md)
+    exgrpo sweep --config tiny --grid train.lr=1e-6,3e-6 --seeds 0-3    # a grid as parallel children
     exgrpo evaluate --config cpu-demo --run cpu-demo --suite gsm8k   # a run's latest checkpoint
     exgrpo evaluate --config paper --model Qwen/Qwen2.5-Math-7B --suite paper --suite ood   # Table 1
+    exgrpo reverify --config tiny --run tiny [--apply]             # regrade stored rewards (verifier audit)
 """
 
 from __future__ import annotations
@@ -19,18 +22,15 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)  # lines are never wrapped: a narrow terminal wraps them itself
 
 
 def _progress_line(step: int, total: int, m: dict) -> None:
-    console.print(
-        f"step {step + 1:>4}/{total} | reward {m.get('rollout/reward_mean', 0):.3f} "
-        f"| fresh pass@1 {m.get('rollout/fresh_pass1', 0):.3f} "
-        f"| buffer {int(m.get('buffer/questions', 0))} q / {int(m.get('buffer/trajectories', 0))} traj "
-        f"| retired {int(m.get('buffer/retired_questions', 0))} "
-        f"| replay {'on ' if m.get('buffer/replay_active') else 'off'} ({int(m.get('select/replayed_samples', 0))}) "
-        f"| loss {m.get('loss/total', 0):+.4f} | {m.get('perf/iteration_s', 0):.1f} s")
+    from flows.run_report import step_line
+
+    console.print(step_line(step, total, m), markup=False)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -46,8 +46,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     existed = run_dir.exists()
     try:
         _preflight(cfg, run_dir)  # user errors (data, database, MLflow, a second process) before Prefect starts
-        console.print(f"[bold]ExGRPO[/bold] preset={cfg.preset} model={cfg.model.name_or_path} "
-                      f"steps={cfg.run.steps} run_dir={os.path.join(cfg.run.output_dir, cfg.run.name)}")
+        console.print("[bold]ExGRPO[/bold] " + escape(f"preset={cfg.preset} model={cfg.model.name_or_path} "
+                      f"steps={cfg.run.steps} run_dir={os.path.join(cfg.run.output_dir, cfg.run.name)}"))
         if not os.environ.get("PREFECT_API_URL"):
             console.print("starting Prefect's ephemeral API (set PREFECT_API_URL to use a server)...")
         from flows.prefect_api import serve_prefect_api
@@ -61,8 +61,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not existed and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".lock"}:
             shutil.rmtree(run_dir, ignore_errors=True)  # a failed start leaves no empty run directory
         raise
-    console.print(f"[green]done[/green]: run {summary['run_id']} ({summary['steps']} steps), "
-                  f"MLflow run {summary['mlflow_run_id']}, run dir {summary['run_dir']}")
+    console.print("[green]done[/green]: " + escape(f"run {summary['run_id']} ({summary['steps']} steps), "
+                  f"MLflow run {summary['mlflow_run_id']}, run dir {summary['run_dir']}"))
     return 0
 
 
@@ -75,28 +75,58 @@ def _preflight(cfg, run_dir: Path) -> None:
     from exgrpo_core.store.experience_store import resolve_db_url
     from flows.tracking import check_server
 
-    data.load_questions(cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
-                        max_questions=cfg.data.max_questions)
+    questions = data.load_questions(
+        cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
+        system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction, max_questions=cfg.data.max_questions)
     run_dir.mkdir(parents=True, exist_ok=True)  # the default SQLite database lives in it (removed if the start fails)
     db_url = resolve_db_url(cfg.run.db_url, run_dir)
     url = parse_url(db_url)
     if url.get_backend_name() != "sqlite":
         create_store_engine(url).dispose()  # connects once: an unreachable server is one line
+    if cfg.buffer.warm_start and cfg.run.resume != "must" and checkpoint.latest_checkpoint(run_dir) is None:
+        from exgrpo_core.reuse import plan_warm_start
+
+        plan = plan_warm_start(cfg, questions, db_url)  # an unknown or unfitting source run is one line
+        console.print(f"warm start from {', '.join(cfg.buffer.warm_start)}: "
+                      f"{sum(len(e['trajectories']) for e in plan['exports'])} pooled trajectories of "
+                      f"{len({d for e in plan['exports'] for d in e['buckets']})} questions")
     uri = cfg.run.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         check_server(uri)  # a server must answer; the default local store is created by the flow
     lock_run(run_dir, cfg.run.name, db_url)  # a second process on this run is refused here
     if cfg.run.resume != "never":
         checkpoint.resume_point(run_dir)  # a damaged checkpoint: set aside with a warning, or one line
+    from flows.train_params import AlreadyFinishedError, finished_run
+
+    if done := finished_run(cfg):  # rerunning a finished run would train nothing: say so, exit 2
+        raise AlreadyFinishedError(done["message"])
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    """The resolved config as plain YAML (no rich markup or wrapping: it must survive a pipe), or with
+    --help-keys every key's type, default and help."""
     import yaml
 
-    from exgrpo_core.config_io import load_config
+    from exgrpo_core.config_io import ConfigError, load_config
 
+    if args.help_keys is not None:
+        from exgrpo_core.config_help import format_keys
+
+        return _write(format_keys(args.help_keys))
+    if not args.config:
+        raise ConfigError("exgrpo config needs --config PRESET_OR_YAML (or --help-keys [PREFIX] for the keys)")
     cfg = load_config(args.config, args.set)
-    console.print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+    return _write(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True,
+                                 width=1 << 30))  # one line per value
+
+
+def _write(text: str) -> int:
+    """Plain text to stdout; a reader that stops early (`| head`) ends it quietly."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
     return 0
 
 
@@ -105,23 +135,43 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     from exgrpo_core.config import ExGRPOConfig
     from exgrpo_core.config_io import load_config
-    from exgrpo_core.store.experience_store import resolve_db_url
     from exgrpo_core.store.engine import mask_url, parse_url
     from flows.tracking import resolve_tracking_uri
 
     cfg = load_config(args.config, args.set) if args.config else ExGRPOConfig()
-    db_url = resolve_db_url(args.db_url or cfg.run.db_url, os.path.join(cfg.run.output_dir, cfg.run.name))
+    db_url, source = dashboard_db_url(args.db_url, cfg)
     if not db_url.startswith("sqlite"):  # a bad server URL is one clear error; a missing SQLite file (or
         parse_url(db_url)                # folder) is explained on the page until training creates it
     mlflow_uri = args.mlflow_uri or resolve_tracking_uri(cfg)
     app = os.path.join(os.path.dirname(importlib.util.find_spec("dashboard").origin), "app.py")
-    console.print(f"dashboard on http://{args.host}:{args.port} | database {mask_url(db_url)} | MLflow {mlflow_uri}")
+    console.print(f"dashboard on http://{args.host}:{args.port} | database {escape(mask_url(db_url))} ({source}) "
+                  f"| MLflow {escape(mlflow_uri)}")
     env = {**os.environ, "EXGRPO_DB_URL": db_url, "MLFLOW_TRACKING_URI": mlflow_uri}
     cmd = [sys.executable, "-m", "streamlit", "run", app, "--server.headless=true", f"--server.port={args.port}",
            f"--server.address={args.host}", "--browser.gatherUsageStats=false", "--client.toolbarMode=minimal",
            "--server.fileWatcherType=none"]
     sys.stdout.flush()
     os.execve(sys.executable, cmd, env)  # this process becomes Streamlit: signals and Ctrl-C reach it directly
+
+
+ENV_DASHBOARD_DB_URL = "EXGRPO_DASHBOARD_DB_URL"  # the read-only role's URL, exported by `infra/services.sh env`
+
+
+def dashboard_db_url(flag: str | None, cfg) -> tuple[str, str]:
+    """The dashboard's database URL and where it came from, in words: --db-url, else the config's
+    run.db_url, else the read-only role's EXGRPO_DASHBOARD_DB_URL, else as training resolves it
+    (EXGRPO_DB_URL, the read/write training role; else the run's SQLite file)."""
+    from exgrpo_core.store.experience_store import resolve_db_url
+
+    if flag:
+        return flag, "--db-url"
+    if cfg.run.db_url:
+        return cfg.run.db_url, "run.db_url of the config"
+    if os.environ.get(ENV_DASHBOARD_DB_URL):
+        return os.environ[ENV_DASHBOARD_DB_URL], f"read-only role, {ENV_DASHBOARD_DB_URL}"
+    if os.environ.get("EXGRPO_DB_URL"):
+        return os.environ["EXGRPO_DB_URL"], f"training role, EXGRPO_DB_URL; {ENV_DASHBOARD_DB_URL} is not set"
+    return resolve_db_url(None, os.path.join(cfg.run.output_dir, cfg.run.name)), "the run's SQLite file"
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -155,11 +205,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     for kind, value in targets:
         out = eval_flow.evaluate(preset=cfg.preset, config=cfg, **{kind: value})
         summaries[out["label"]] = out["eval"]
-        console.print(f"[green]evaluated[/green] {out['source']} (step {out['step']}): run {out['run_id']}, "
-                      f"MLflow run {out['mlflow_run_id']}, files in {out['artifacts']}")
+        console.print("[green]evaluated[/green] " + escape(f"{out['source']} (MLflow step {out['step']}): run "
+                      f"{out['run_id']}, MLflow run {out['mlflow_run_id']}, files in {out['artifacts']}"))
     paths = eval_report.write_table(summaries, args.out, stem="eval_table")
-    console.print(paths["md"].read_text(), end="")
-    console.print(f"table: {paths['md']} (.csv .json .png beside it)")
+    console.print(paths["md"].read_text(), end="", markup=False)
+    console.print(f"table: {paths['md']} (.csv .json .png beside it)", markup=False)
     return 0
 
 
@@ -169,16 +219,117 @@ def cmd_compare(args: argparse.Namespace) -> int:
     arms, seeds = parse_arms(args.arms), parse_seeds(args.seeds)
     runs = build_arm_runs(args.config, args.set, arms, seeds, args.name or f"compare-{args.config}",
                           not args.no_eval)  # unknown arm or bad override: exit 2 before Prefect starts
-    console.print(f"[bold]ExGRPO comparison[/bold]: {len(runs)} runs, arms {','.join(arms)}, seeds {seeds}")
+    pool = _parallel_options(args, required=False)
+    console.print(f"[bold]ExGRPO comparison[/bold]: {len(runs)} runs, arms {','.join(arms)}, seeds {seeds}"
+                  + (" (parallel)" if args.parallel else ""))
     from flows.prefect_api import serve_prefect_api
 
     serve_prefect_api()  # before Prefect is imported; its API dies with this process
     from flows.compare import compare
 
     out = compare(preset=args.config, overrides=args.set, arms=arms, seeds=seeds, evaluate=not args.no_eval,
-                  name=args.name)
+                  name=args.name, parallel=args.parallel, **pool)
+    console.print("[green]done[/green]: " + escape(f"table {out['files']['md']}, MLflow parent run "
+                                                  f"{out['parent_mlflow_run_id']}"))
+    return 0
+
+
+def cmd_reverify(args: argparse.Namespace) -> int:
+    import datetime
+    import json
+
+    from rich.table import Table
+    from sqlalchemy.engine import make_url
+
+    from exgrpo_core.config import ExGRPOConfig
+    from exgrpo_core.config_io import load_config
+    from exgrpo_core.store.engine import StoreError, parse_url
+    from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
+
+    cfg = load_config(args.config, args.set) if args.config else ExGRPOConfig()
+    db_url = resolve_db_url(args.db_url or cfg.run.db_url, os.path.join(cfg.run.output_dir, args.run))
+    if db_url.startswith("sqlite") and not Path(make_url(db_url).database or "").is_file():
+        raise StoreError(f"no run {args.run!r}: no experience database at {make_url(db_url).database} "
+                         "(name the database with --db-url or --config)")
+    parse_url(db_url)
+    from exgrpo_core.reverify import find_run, reverify
+
+    with ExperienceStore(db_url) as store:
+        find_run(store, args.run)  # an unknown run is one line before the verifier starts
+        out = reverify(store, args.run, grader=args.verifier, apply=args.apply)
+        name = store.get_run(out["run_id"])["name"]
+    s = out["summary"]
+    table = Table(title=f"run {name} ({out['run_id'][:8]}): {s['disagree']} of {s['trajectories']} stored rewards "
+                        f"disagree with the current verifier")
+    for col in ("trajectory", "question", "step", "stored", "now", "prediction", "gold", "reason", "graded by (stored)"):
+        table.add_column(col)
+    for d in out["disagreements"][:args.limit]:
+        table.add_row(str(d["trajectory_id"]), d["question"], str(d["step"]), f"{d['stored_reward']:g}",
+                      f"{d['new_reward']:g}", str(d["prediction"]), d["gold"], d["reason"], str(d["stored_verifier"]))
+    if out["disagreements"]:
+        console.print(table)
+    else:
+        console.print(table.title)
+    if len(out["disagreements"]) > args.limit:
+        console.print(f"... and {len(out['disagreements']) - args.limit} more (all in the JSON file)")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    dest = Path(args.out or os.path.join(cfg.run.output_dir, name, f"reverify_{stamp}.json"))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    console.print(f"now correct {s['now_correct']}, now wrong {s['now_wrong']}, timeouts {s['timeouts']}; "
+                  f"report {dest}")
+    if out["applied"]:
+        console.print(f"[yellow]applied[/yellow]: {out['applied']['changed']} rewards changed and recorded in "
+                      f"reward_changes ({out['applied']['left_pool']} trajectories left the replay pool)")
+    elif out["disagreements"]:
+        console.print("stored rewards unchanged (--apply changes them, recording each change)")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from flows.compare_arms import parse_seeds
+    from flows.sweep_grid import build_children
+
+    seeds = parse_seeds(args.seeds)
+    children = build_children(args.config, args.set, args.grid, seeds, args.name or f"sweep-{args.config}",
+                              not args.no_eval)  # a bad key or value: exit 2 before Prefect starts
+    pool = _parallel_options(args, required=True)
+    console.print(f"[bold]ExGRPO sweep[/bold]: {len(children)} runs ({len(children) // len(seeds)} grid points "
+                  f"x seeds {seeds}) on the deployment's pool")
+    from flows.sweep import sweep
+
+    out = sweep(preset=args.config, grid=args.grid, overrides=args.set, seeds=seeds, evaluate=not args.no_eval,
+                name=args.name, **pool)
     console.print(f"[green]done[/green]: table {out['files']['md']}, MLflow parent run {out['parent_mlflow_run_id']}")
     return 0
+
+
+def _parallel_options(args: argparse.Namespace, required: bool) -> dict:
+    """The work-pool options as flow parameters, checked before anything starts (--parallel needs a server)."""
+    from flows import parallel as par
+
+    given = [o for o, v in (("--pool", args.pool), ("--work-queue", args.work_queue), ("--slots", args.slots),
+                            ("--retry-failed", args.retry_failed), ("--deployment", args.deployment)) if v]
+    if not required and not args.parallel:
+        if given:
+            raise par.ParallelError(f"{', '.join(given)} only apply with --parallel")
+        return {}
+    queue = par.QUEUE if args.work_queue is None else args.work_queue
+    par.check_args(args.slots, queue)
+    return {"work_pool": args.pool, "work_queue": queue, "slots": args.slots, "retry_failed": args.retry_failed,
+            "deployment": args.deployment or par.DEPLOYMENT}
+
+
+def _pool_args(sp) -> None:
+    sp.add_argument("--pool", default=None, help="work pool the children must run on (the deployment's pool)")
+    sp.add_argument("--work-queue", default=None, help="queue of that pool for the children (default "
+                    "exgrpo-children; created when missing)")
+    sp.add_argument("--slots", type=int, default=None, help="children running at once: the queue's concurrency "
+                    "limit, one per GPU (default: leave the queue's limit as it is)")
+    sp.add_argument("--retry-failed", action="store_true", help="resubmit only the children that failed, crashed "
+                    "or were cancelled")
+    sp.add_argument("--deployment", default=None, help="training deployment of the children (default "
+                    "exgrpo-train/exgrpo-train)")
 
 
 def _config_args(sp, *, required: bool, config_help: str = "preset name (tiny, cpu-demo, paper) or YAML path",
@@ -197,10 +348,10 @@ def cmd_rollout_server(args: argparse.Namespace) -> int:
     try:
         server = RolloutServer(backend, tokenizer, model_name=args.model, host=args.host, port=args.port)
     except OSError as e:  # e.g. the port is taken by another server
-        console.print(f"[red]error[/red]: cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+        console.print(f"[red]error[/red]: cannot listen on {args.host}:{args.port}: {escape(str(e.strerror or e))}")
         return 2
     console.print(f"rollout server ({args.backend}, {args.model}) on {server.url}: train with "
-                  f"--set rollout.engine=remote --set rollout.server_url={server.url}")
+                  f"--set rollout.engine=remote --set rollout.server_url={server.url}", markup=False)
     try:
         server.serve_forever()
     finally:
@@ -219,18 +370,22 @@ def cmd_export(args: argparse.Namespace) -> int:
                              "(export never overwrites)")
     model, tokenizer = load_policy(args.checkpoint, dtype=args.dtype)
     save_policy(model, tokenizer, args.out)
-    console.print(f"exported {args.checkpoint} to {args.out} (a Hugging Face folder: transformers, vLLM)")
+    console.print(f"exported {args.checkpoint} to {args.out} (a Hugging Face folder: transformers, vLLM)", markup=False)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="exgrpo", description="ExGRPO training platform")
     sub = p.add_subparsers(dest="command", required=True)
-    for name, fn, help_ in (("train", cmd_train, "run the Prefect training flow"),
-                            ("config", cmd_config, "print the resolved config")):
-        sp = sub.add_parser(name, help=help_)
-        _config_args(sp, required=True)
-        sp.set_defaults(fn=fn)
+    tr = sub.add_parser("train", help="run the Prefect training flow")
+    _config_args(tr, required=True)
+    tr.set_defaults(fn=cmd_train)
+    co = sub.add_parser("config", help="print the resolved config as YAML, or every key with --help-keys")
+    _config_args(co, required=False)
+    co.add_argument("--help-keys", nargs="?", const="", default=None, metavar="PREFIX",
+                    help="list every config key (type, default, help); PREFIX keeps those starting with it, "
+                         "e.g. buffer.")
+    co.set_defaults(fn=cmd_config)
     db = sub.add_parser("db", help="experience database")
     db.add_argument("action", choices=["upgrade"])
     db.add_argument("--url", default=None, help="SQLAlchemy URL (default: EXGRPO_DB_URL, else SQLite in --run-dir)")
@@ -246,10 +401,22 @@ def build_parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("compare", help="on-policy GRPO vs ExGRPO and ablations as child runs (Prefect flow)")
     _config_args(cp, required=True, set_help="override for every arm")
     cp.add_argument("--arms", default=None, help="comma-separated arms (default: all; see docs/comparison.md)")
-    cp.add_argument("--seeds", default="0", help="comma-separated seeds, one child run per arm and seed")
+    cp.add_argument("--seeds", default="0", help="seeds, e.g. 0,1 or 0-3: one child run per arm and seed")
     cp.add_argument("--name", default=None, help="comparison name (default compare-<config>); rerun to resume")
     cp.add_argument("--no-eval", action="store_true", help="skip the final held-out evaluation of each arm")
+    cp.add_argument("--parallel", action="store_true", help="run the children at once as flow runs of the "
+                    "training deployment on its work pool (needs PREFECT_API_URL; docs/scaling.md)")
+    _pool_args(cp)
     cp.set_defaults(fn=cmd_compare)
+    sw = sub.add_parser("sweep", help="a grid of config values x seeds as parallel child runs, one table")
+    _config_args(sw, required=True, set_help="override for every child")
+    sw.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                    help="values of one config key (repeatable: every combination is a grid point)")
+    sw.add_argument("--seeds", default="0", help="seeds, e.g. 0,1 or 0-3: one child per grid point and seed")
+    sw.add_argument("--name", default=None, help="sweep name (default sweep-<config>); rerun to resume")
+    sw.add_argument("--no-eval", action="store_true", help="skip the final held-out evaluation of each child")
+    _pool_args(sw)
+    sw.set_defaults(fn=cmd_sweep)
     ev = sub.add_parser("evaluate", help="evaluate models / checkpoints / runs on benchmark suites (Prefect flow)")
     _config_args(ev, required=True, config_help="preset or YAML: eval settings, output_dir, database, MLflow",
                  set_help="override a config field")
@@ -261,6 +428,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "data.eval_path)")
     ev.add_argument("--out", default="runs/eval-table", help="where the table of all targets is written")
     ev.set_defaults(fn=cmd_evaluate)
+    rv = sub.add_parser("reverify", help="grade a run's stored trajectories again; report (and --apply) disagreements")
+    _config_args(rv, required=False, config_help="preset or YAML whose database to read (as `train`)")
+    rv.add_argument("--run", required=True, help="run name or id")
+    rv.add_argument("--db-url", default=None, help="experience database URL (default: as training resolves it)")
+    rv.add_argument("--verifier", choices=["auto", "math", "choice"], default="auto",
+                    help="auto: each row's own grader (recorded, else by its question); or one grader for all")
+    rv.add_argument("--apply", action="store_true", help="change the disagreeing stored rewards (one transaction, "
+                    "each change recorded in reward_changes)")
+    rv.add_argument("--out", default=None, help="JSON report path (default: RUN_DIR/reverify_<time>.json)")
+    rv.add_argument("--limit", type=int, default=50, help="disagreements shown in the table")
+    rv.set_defaults(fn=cmd_reverify)
     ex = sub.add_parser("export", help="write a checkpoint (also one with weight shards) as a Hugging Face folder")
     ex.add_argument("--checkpoint", required=True, help="checkpoint folder, e.g. runs/NAME/checkpoints/step_000050")
     ex.add_argument("--out", required=True, help="folder to write (model safetensors, config, tokenizer)")
@@ -293,15 +471,19 @@ def main(argv: list[str] | None = None) -> int:
         console.print("[yellow]interrupted[/yellow]: rerun the same command to resume from the last checkpoint")
         return 130
     except Exception as e:  # noqa: BLE001 - known user errors get one clear line, others a traceback
+        if type(e).__name__ == "MonitorStop":  # a monitor's checkpoint_and_stop (docs/monitors.md)
+            console.print(f"[red]stopped[/red]: {e}", soft_wrap=True)
+            return 3
         if type(e).__name__ in _USER_ERRORS:
-            console.print(f"[red]error[/red]: {e}")
+            console.print(f"[red]error[/red]: {escape(str(e))}")
             return 2
         raise
 
 
 _USER_ERRORS = {"ConfigError", "DataError", "StoreError", "TrackingError", "ModelLoadError", "ResumeError",
                 "VLLMUnavailable", "BudgetError", "RemoteEngineError", "RunLockedError",
-                "CheckpointError", "PrefectStartError"}
+                "CheckpointError", "PrefectStartError", "AlreadyFinishedError", "CancelledRun", "ParallelError",
+                "ChildrenFailedError"}
 
 if __name__ == "__main__":
     sys.exit(main())

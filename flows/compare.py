@@ -18,7 +18,7 @@ from exgrpo_core.algorithm import selection
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import load_config
 from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
-from flows import compare_report as report
+from flows import compare_report as report, parallel as par
 from flows.compare_arms import ArmName, ArmRun, build_arm_runs, can_evaluate, parse_arms, parse_seeds, rollout_slots
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 from flows.train import train
@@ -46,14 +46,28 @@ def write_report(results: list[dict], out_dir: str, name: str, meta: dict) -> di
 
 @flow(name="exgrpo-compare", log_prints=True)
 def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list[ArmName] | None = None,
-            seeds: list[int] = [0], evaluate: bool = True, name: str | None = None) -> dict:  # noqa: B006
+            seeds: list[int] = [0], evaluate: bool = True, name: str | None = None,  # noqa: B006
+            parallel: bool = False, work_pool: str | None = None, work_queue: str = par.QUEUE,
+            slots: int | None = None, retry_failed: bool = False, deployment: str = par.DEPLOYMENT) -> dict:
     """Train every arm x seed (all arms when `arms` is None), evaluate, and write the comparison table.
 
     `overrides` apply to every arm; the arm's own overrides win. `name` (default `compare-<preset>`)
     names the parent MLflow run and prefixes the child runs, so rerunning resumes them.
+
+    Args:
+        parallel: Run the children at once as flow runs of `deployment` on its work pool (flows/parallel.py)
+            instead of one after another in this process.
+        work_pool: The pool the children must run on (checked against the deployment's pool).
+        work_queue: The pool's queue the children go to (created when missing).
+        slots: Concurrency limit set on that queue: children running at once (one per GPU).
+        retry_failed: Resubmit only the children whose latest run failed, crashed or was cancelled.
+        deployment: The training deployment children run as.
     """
     name = name or f"compare-{preset}"
     runs = build_arm_runs(preset, overrides, arms, seeds, name, evaluate)  # bad arm/override: ConfigError now
+    target = par.Target(deployment, work_pool, work_queue, slots, retry_failed) if parallel else None
+    if target:
+        par.prepare(target)  # no server, deployment or pool as named: one line, before the MLflow parent
     base = load_config(preset, [*(overrides or []), f"run.name={name}"])
     check_server(resolve_tracking_uri(base))
     parent = MlflowRun(base, _find_parent(base, name), tags={"exgrpo.comparison": name, "exgrpo.preset": preset,
@@ -61,9 +75,13 @@ def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list
     try:
         results = []
         out_dir = Path(base.run.output_dir).resolve() / name
-        meta = _meta(base, preset, overrides, arms, seeds, name, evaluate, runs)
+        meta = _meta(base, preset, overrides, arms, seeds, name, evaluate, runs, target)
         runs = sorted(runs, key=lambda r: parse_seeds(seeds).index(r.seed))  # seed-major, arms in order
-        for i, run in enumerate(runs):
+        if target:  # all children at once on the pool's workers; read back from the database when all ended
+            children = [par.Child(r.arm, r.seed, r.cfg, r.overrides, r.paper_id_avg, _target_weights(r.cfg))
+                        for r in runs]
+            results = par.run_children(children, target, name, preset, parent.run_id)
+        for i, run in enumerate([] if target else runs):
             summary = finished_summary(run.cfg)
             print(f"arm {run.arm} seed {run.seed}: run {run.cfg.run.name}" + (" (finished: read back)" if summary else ""))
             summary = summary or train(preset=preset, config=run.cfg, parent_mlflow_run_id=parent.run_id)
@@ -73,12 +91,13 @@ def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list
         paths = write_report(results, str(out_dir), name, meta)
         for path in paths.values():
             parent.mlflow.MlflowClient().log_artifact(parent.run_id, path)
+        print(Path(paths["md"]).read_text())
         report.check_budget(results)  # after the table is written, so a failure still leaves the numbers
+        par.check_finished(results, paths["md"])
         parent.end("FINISHED")
     except BaseException:
         parent.end("FAILED")
         raise
-    print(Path(paths["md"]).read_text())
     return {"name": name, "parent_mlflow_run_id": parent.run_id, "files": paths,
             "rows": [r["row"] for r in results], "slots_per_step": rollout_slots(base)}
 
@@ -109,24 +128,25 @@ def _target_weights(cfg: ExGRPOConfig) -> dict[int, float]:
         return {}
 
 
-def _find_parent(cfg: ExGRPOConfig, name: str) -> str | None:
-    """The MLflow run id of an earlier comparison with this name (so a rerun continues it)."""
+def _find_parent(cfg: ExGRPOConfig, name: str, tag: str = "exgrpo.comparison") -> str | None:
+    """The MLflow run id of an earlier comparison (or sweep: `tag`) with this name (a rerun continues it)."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=resolve_tracking_uri(cfg))
     exp = client.get_experiment_by_name(cfg.run.mlflow_experiment)
     if exp is None:
         return None
-    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`exgrpo.comparison` = '{name}'",
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{tag}` = '{name}'",
                                max_results=1)
     return found[0].info.run_id if found else None
 
 
 def _meta(base: ExGRPOConfig, preset: str, overrides, arms, seeds, name: str, evaluate: bool,
-          runs: list[ArmRun]) -> dict:
+          runs: list[ArmRun], target: par.Target | None = None) -> dict:
     K, B = base.rollout.group_size, base.train.batch_size
     cmd = ["exgrpo", "compare", "--config", preset, "--name", name, "--arms", ",".join(parse_arms(arms)),
-           "--seeds", ",".join(map(str, parse_seeds(seeds))), *sum((["--set", o] for o in overrides or []), [])]
+           "--seeds", ",".join(map(str, parse_seeds(seeds))), *sum((["--set", o] for o in overrides or []), []),
+           *(par.cli_args(target) if target else [])]
     held = (f"final evaluation on {base.eval.suites or base.data.eval_path}" if evaluate and can_evaluate(base)
             else "no held-out evaluation (no eval.suites / data.eval_path, or evaluate off)")
     notes = [f"Command: `{shlex.join(cmd + ([] if evaluate else ['--no-eval']))}`", "",
@@ -146,7 +166,8 @@ def _meta(base: ExGRPOConfig, preset: str, overrides, arms, seeds, name: str, ev
              "trapezoid area under held-out pass@1 against steps completed, divided by the steps spanned (the "
              "mean held-out pass@1 over training). The statistics against on_policy follow the table.",
              "`paper ID avg (ref)`: the paper's in-distribution average for Qwen2.5-Math-7B (the paper's ablation table), "
-             "a reference for the direction of each ablation, not comparable in scale."]
+             "a reference for the direction of each ablation, not comparable in scale.",
+             *([par.NOTE.format(deployment=target.deployment, queue=target.queue)] if target else [])]
     return {"preset": preset, "overrides": list(overrides or []), "arms": parse_arms(arms),
             "seeds": parse_seeds(seeds), "steps": base.run.steps, "slots_per_step": B * K,
             "evaluate": evaluate, "command": shlex.join(cmd), "notes": notes,

@@ -10,7 +10,7 @@ No Prefect import here: the CLI checks arms before any server starts.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from exgrpo_core.config import ExGRPOConfig
@@ -40,6 +40,7 @@ class ArmRun:
     seed: int
     cfg: ExGRPOConfig
     paper_id_avg: float | None
+    overrides: list[str] = field(default_factory=list)  # what made cfg from the preset (a deployment's parameters)
 
 
 def parse_arms(arms: list[str] | str | None) -> list[str]:
@@ -58,11 +59,14 @@ def parse_arms(arms: list[str] | str | None) -> list[str]:
 
 
 def parse_seeds(seeds: list[int] | str) -> list[int]:
-    """`"0,1"` or `[0, 1]` -> [0, 1]; at least one, no repeats."""
+    """`"0,1"`, `"0-3"` (both ends included) or `[0, 1]` -> a list; at least one, no repeats."""
     try:
-        out = [int(s) for s in (seeds.split(",") if isinstance(seeds, str) else seeds) if str(s).strip()]
+        out = []
+        for s in (seeds.split(",") if isinstance(seeds, str) else seeds):
+            lo, dash, hi = str(s).strip().partition("-")
+            out += list(range(int(lo), int(hi) + 1)) if dash and lo else [int(s)] if str(s).strip() else []
     except ValueError:
-        raise ConfigError(f"seeds must be integers, e.g. 0,1 (got {seeds!r})") from None
+        raise ConfigError(f"seeds must be integers, e.g. 0,1 or 0-3 (got {seeds!r})") from None
     if not out or len(set(out)) < len(out):
         raise ConfigError(f"seeds must be one or more distinct integers (got {seeds!r})")
     return out
@@ -76,19 +80,24 @@ def run_name(comparison: str, arm: str, seed: int) -> str:
 def build_arm_runs(preset: str, overrides: list[str] | None, arms: list[str] | str | None,
                    seeds: list[int] | str, name: str, evaluate: bool) -> list[ArmRun]:
     """Resolved configs of every (arm, seed), arms outer; the arm's overrides win over the user's."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}", name):
-        raise ConfigError(f"comparison name must be letters, digits, '.', '_' or '-' (got {name!r})")
+    check_name(name)
     runs = []
     base = load_config(preset, overrides)  # a bad user override fails here, once
     final_eval = ["eval.final=true"] if evaluate and can_evaluate(base) else []
     for arm in parse_arms(arms):
         arm_overrides, ref = ARMS[arm]
         for seed in parse_seeds(seeds):
-            cfg = load_config(preset, [*(overrides or []), *arm_overrides, *final_eval,
-                                       f"run.name={run_name(name, arm, seed)}", f"run.seed={seed}"])
-            runs.append(ArmRun(arm, seed, cfg, ref))
+            child = [*(overrides or []), *arm_overrides, *final_eval, f"run.name={run_name(name, arm, seed)}",
+                     f"run.seed={seed}"]
+            runs.append(ArmRun(arm, seed, load_config(preset, child), ref, child))
     check_equal_slots(runs)
     return runs
+
+
+def check_name(name: str, kind: str = "comparison") -> None:
+    """A comparison's (or sweep's) name prefixes run names and folders: a safe, short word."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}", name):
+        raise ConfigError(f"{kind} name must be letters, digits, '.', '_' or '-' (got {name!r})")
 
 
 def can_evaluate(cfg: ExGRPOConfig) -> bool:

@@ -21,6 +21,12 @@ CURVE_KEYS = (M.REWARD_MEAN, M.FRESH_PASS1, M.RESPONSES, M.REPLAYED_SAMPLES, M.B
               M.BUFFER_TRAJECTORIES, M.RETIRED_QUESTIONS)
 
 
+STALENESS = ((M.REPLAY_AGE_MEAN, "age_mean", "replay age mean"), (M.REPLAY_AGE_MAX, "age_max", "replay age max"),
+             (M.REPLAY_W_P50, "w_p50", "w median"), (M.REPLAY_W_P90, "w_p90", "w p90"),
+             (M.REPLAY_W_MAX, "w_max", "w max"), (M.REPLAY_FW_P50, "fw_p50", "f(w) median"))
+"""Staleness of the replayed trajectories (docs/monitors.md): metric, row field, column header."""
+
+
 class BudgetError(RuntimeError):
     """A child run's step did not hold B*K group slots, or generated other than slots - experiential."""
 
@@ -39,7 +45,7 @@ def arm_result(store: ExperienceStore, run_id: str, arm: str, seed: int, slots: 
     """
     K = (store.get_run(run_id) or {}).get("group_size") or 0
     buckets = [M.bucket_key(k) for k in range(K + 1)]
-    m = store.get_metrics(run_id, list(CURVE_KEYS) + buckets)
+    m = store.get_metrics(run_id, list(CURVE_KEYS) + buckets + [k for k, _, _ in STALENESS])
     steps = [s for s, _ in m.get(M.REWARD_MEAN, [])]
     curve = {k: [v for _, v in m.get(k, [])] for k in CURVE_KEYS}
     generated = curve[M.RESPONSES]
@@ -57,6 +63,7 @@ def arm_result(store: ExperienceStore, run_id: str, arm: str, seed: int, slots: 
            "buffer_questions": last[M.BUFFER_QUESTIONS], "buffer_trajectories": last[M.BUFFER_TRAJECTORIES],
            "retired": last[M.RETIRED_QUESTIONS], "heldout": heldout(store, run_id), "paper_id_avg": paper_id_avg}
     row["heldout_avg"] = row["heldout"].pop("average", math.nan)
+    row.update(staleness(m))
     curves = {"step": steps, **{k: curve[k] for k in CURVE_KEYS},
               "responses_cumulative": _cumsum(generated),
               "buckets": {str(k): [v for _, v in m.get(M.bucket_key(k), [])] for k in range(K + 1)}}
@@ -67,8 +74,42 @@ def arm_result(store: ExperienceStore, run_id: str, arm: str, seed: int, slots: 
     row["heldout_start"] = held[0][1] if held and held[0][0] == -1 else math.nan
     row["heldout_auc"] = stats.area_under_curve([s + 1 for s, _ in held], [v for _, v in held])
     row["replay_buckets"] = store.replay_buckets(run_id)
+    row["bucket_occupancy"] = bucket_occupancy(curves["buckets"])
     row["target_weights"] = dict(target_weights or {})
     return {"row": row, "curves": curves, "slot_trace": trace, "questions": eval_questions(eval_dir)}
+
+
+def bucket_occupancy(buckets: dict[str, list[float]]) -> dict[int, float]:
+    """{k: mean over steps of the questions whose latest group had k correct} from the per-step
+    `buffer/bucket_k` curves: how full each bucket was when the questions were drawn."""
+    return {int(k): sum(v) / len(v) for k, v in buckets.items() if v}
+
+
+def staleness(m: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
+    """Over the steps that replayed: mean age weighted by replayed trajectories, the largest age and w,
+    and the mean of the per-step w / f(w) quantiles; NaN for a run that never replayed."""
+    n = {s: v for s, v in m.get(M.REPLAYED_SAMPLES, []) if v and v > 0}
+    per = {field: [(n[s], v) for s, v in m.get(key, []) if s in n and v is not None] for key, field, _ in STALENESS}
+    out = {field: _mean([v for _, v in per[field]]) for _, field, _ in STALENESS}
+    out["age_mean"] = (sum(w * v for w, v in per["age_mean"]) / sum(w for w, _ in per["age_mean"])
+                       if per["age_mean"] else math.nan)
+    for field in ("age_max", "w_max"):
+        out[field] = max((v for _, v in per[field]), default=math.nan)
+    return out
+
+
+def staleness_markdown(rows: list[dict]) -> list[str]:
+    """The staleness section of the report: one line per run (and arm mean) that replayed."""
+    shown = [r for r in rows if not math.isnan(r.get("age_mean", math.nan))]
+    if not shown:
+        return []
+    head = ["arm", "seed", *(h for _, _, h in STALENESS)]
+    return ["", "## Staleness of replayed trajectories", "",
+            "Age = replaying step - sampling step; w = pi_theta / pi_behaviour per replayed token at the step's "
+            "start, f(w) the weight the replay term applies; per-step quantiles averaged over the steps that "
+            "replayed, max over the run.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join([str(r["arm"]), str(r["seed"]), *(_fmt(r[f], f) for _, f, _ in STALENESS)]) + " |"
+              for r in shown)]
 
 
 def eval_questions(eval_dir: Path | None) -> dict:
@@ -164,43 +205,54 @@ COLUMNS = [("arm", "arm"), ("seed", "seed"), ("final_reward", "final reward"), (
            ("buffer_trajectories", "buffer traj"), ("retired", "retired"), ("paper_id_avg", "paper ID avg (ref)")]
 
 
-def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """Header and formatted cells: COLUMNS with one held-out column per benchmark before the average."""
+def table_rows(rows: list[dict], row_label: str = "arm",
+               skip: tuple[str, ...] = ()) -> tuple[list[str], list[list[str]]]:
+    """Header and formatted cells: COLUMNS (less `skip`) with one held-out column per benchmark before the
+    average, and a `status` column after the seed when rows carry one (parallel children)."""
     benches = sorted({b for r in rows for b in r["heldout"]})
-    cols = COLUMNS[:5] + [(f"heldout:{b}", f"{b} pass@1") for b in benches] + COLUMNS[5:]
+    cols = [("arm", row_label), *COLUMNS[1:2], *([("status", "status")] if any("status" in r for r in rows) else []),
+            *COLUMNS[2:5], *[(f"heldout:{b}", f"{b} pass@1") for b in benches], *COLUMNS[5:]]
+    cols = [c for c in cols if c[0] not in skip]
     cells = [[_fmt(r["heldout"].get(k[8:], math.nan) if k.startswith("heldout:") else r.get(k), k) for k, _ in cols]
              for r in rows]
     return [h for _, h in cols], cells
 
 
-def write_report(results: list[dict], out_dir: Path, name: str, meta: dict) -> dict[str, str]:
-    """compare_<name>.md/.csv/.json and four PNG plots in out_dir; returns {kind: path}."""
+def write_report(results: list[dict], out_dir: Path, name: str, meta: dict,
+                 prefix: str = "compare") -> dict[str, str]:
+    """<prefix>_<name>.md/.csv/.json and four PNG plots in out_dir; returns {kind: path}. Rows whose
+    `status` is not `finished` (a parallel child that failed or was cancelled) are listed, but left out
+    of the means, statistics and plots."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [r["row"] for r in results]
+    results = [r for r in results if r["row"].get("status", "finished") == "finished"]
+    done = [r["row"] for r in results]
     add_responses_to_target(results)
-    paired, buckets = compare_stats.paired_stats(rows), compare_stats.replay_buckets(rows)
-    all_rows = rows + (mean_rows(rows) if len({r["seed"] for r in rows}) > 1 else [])
-    header, cells = table_rows(all_rows)
-    stem = out_dir / f"compare_{name}"
-    md = [f"# Comparison `{name}`", "", *meta.get("notes", []), "",
+    paired, buckets = compare_stats.paired_stats(done), compare_stats.replay_buckets(done)
+    all_rows = rows + (mean_rows(done) if len({r["seed"] for r in done}) > 1 else [])
+    header, cells = table_rows(all_rows, meta.get("row_label", "arm"), tuple(meta.get("skip_columns", ())))
+    stem = out_dir / f"{prefix}_{name}"
+    md = [f"# {meta.get('title', 'Comparison')} `{name}`", "", *meta.get("notes", []), "",
           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(c) + " |" for c in cells]
-    md += compare_stats.markdown(paired, buckets)
+    collapsed = compare_stats.collapses(rows)
+    md += compare_stats.markdown(paired, buckets, collapsed)
+    md += staleness_markdown(all_rows)
     paths = {"md": f"{stem}.md", "csv": f"{stem}.csv", "json": f"{stem}.json"}
     Path(paths["md"]).write_text("\n".join(md) + "\n")
     with open(paths["csv"], "w", newline="") as f:
         csv.writer(f).writerows([header, *cells])
-    paths.update(plot(results, out_dir, name))
+    paths.update(plot(results, out_dir, name, prefix))
     doc = {"name": name, **{k: v for k, v in meta.items() if k != "notes"}, "rows": all_rows,
            "curves": {f"{r['row']['arm']}/s{r['row']['seed']}": r["curves"] for r in results},
-           "stats": {"paired_vs_on_policy": paired, "replay_buckets": buckets},
+           "stats": {"paired_vs_on_policy": paired, "replay_buckets": buckets, "collapses": collapsed},
            "eval_questions": {f"{r['row']['arm']}/s{r['row']['seed']}": r.get("questions", {}) for r in results},
            "files": paths}
     Path(paths["json"]).write_text(json.dumps(_finite(doc), indent=1))
     return paths
 
 
-def plot(results: list[dict], out_dir: Path, name: str) -> dict[str, str]:
+def plot(results: list[dict], out_dir: Path, name: str, prefix: str = "compare") -> dict[str, str]:
     """Reward and held-out pass@1 vs responses generated, buffer and retired growth vs step, one line per run."""
     import matplotlib
 
@@ -224,7 +276,7 @@ def plot(results: list[dict], out_dir: Path, name: str) -> dict[str, str]:
         ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{name}: {ylabel}")
         ax.legend(fontsize=7, ncol=2)
         ax.grid(alpha=0.3)
-        paths[f"png_{kind}"] = str(out_dir / f"compare_{name}_{kind}.png")
+        paths[f"png_{kind}"] = str(out_dir / f"{prefix}_{name}_{kind}.png")
         fig.tight_layout()
         fig.savefig(paths[f"png_{kind}"], dpi=110)
         plt.close(fig)
@@ -232,7 +284,7 @@ def plot(results: list[dict], out_dir: Path, name: str) -> dict[str, str]:
 
 
 _COUNTS = {"responses_generated", "responses_to_target", "responses_per_step_min", "responses_per_step_max", "replayed", "unfilled",
-           "slots_per_step", "buffer_questions", "buffer_trajectories", "retired"}
+           "slots_per_step", "buffer_questions", "buffer_trajectories", "retired", "age_max"}
 
 
 def _fmt(v, key: str = "") -> str:

@@ -50,6 +50,29 @@ def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> d
     return out
 
 
+COLLAPSE_FRACTION = 0.5  # a run collapsed: final held-out pass@1 below this fraction of its step-0 value
+
+
+def collapses(rows: list[dict], baseline: str = BASELINE) -> dict:
+    """{arm: counts}: runs whose final held-out pass@1 fell below COLLAPSE_FRACTION x their step-0
+    value, and against the baseline on paired seeds: discordant pairs and the exact McNemar p."""
+    per: dict[str, dict] = {}
+    for r in rows:
+        start, end = r.get("heldout_start", math.nan), r.get("heldout_avg", math.nan)
+        if r.get("seed") != "mean" and not (math.isnan(start) or math.isnan(end)):
+            per.setdefault(r["arm"], {})[r["seed"]] = end < COLLAPSE_FRACTION * start
+    out = {}
+    for arm, by_seed in per.items():
+        base = per.get(baseline, {})
+        paired = [s for s in by_seed if s in base]
+        only_arm = sum(by_seed[s] and not base[s] for s in paired)
+        only_base = sum(base[s] and not by_seed[s] for s in paired)
+        out[arm] = {"runs": len(by_seed), "collapsed": sum(by_seed.values()), "paired_seeds": len(paired),
+                    "only_arm": only_arm, "only_baseline": only_base,
+                    "p_mcnemar": stats.mcnemar_exact(only_arm, only_base) if arm != baseline else math.nan}
+    return out
+
+
 def replay_buckets(rows: list[dict]) -> dict:
     """{arm: [{k, replayed, share, target}]}: replays summed over seeds by source bucket, against the
     arm's target weights (normalised over k = 1..K-1; an empty bucket's share goes to the others)."""
@@ -61,16 +84,19 @@ def replay_buckets(rows: list[dict]) -> dict:
             for k, v in (r.get("replay_buckets") or {}).items():
                 counts[int(k)] = counts.get(int(k), 0) + v
         weights = {int(k): v for k, v in (group[0].get("target_weights") or {}).items()}
+        occupied = [r.get("bucket_occupancy") or {} for r in group]
         if counts:
             out[arm] = stats.replay_vs_target(counts, weights)
+            for b in out[arm]:  # mean over seeds of the bucket's mean size per step
+                sizes = [o[b["k"]] for o in ({int(k): v for k, v in o.items()} for o in occupied) if b["k"] in o]
+                b["occupancy"] = sum(sizes) / len(sizes) if sizes else math.nan
     return out
 
 
-def markdown(paired: dict, buckets: dict) -> list[str]:
+def markdown(paired: dict, buckets: dict, collapsed: dict | None = None) -> list[str]:
     """The statistics section of the comparison's Markdown."""
-    if not paired and not buckets:
-        return []
-    lines = ["", "## Paired against on_policy", "",
+    lines = _collapse_lines(collapsed) if collapsed and any(c["collapsed"] for c in collapsed.values()) else []
+    lines += [] if not paired else ["", "## Paired against on_policy", "",
              "Per seed: arm minus on_policy with the same seed (same starting model, data order and sampling "
              "seed). Mean difference, 95% Student-t interval and percentile bootstrap interval over the seeds; "
              "`noise` means the t-interval holds 0: the data do not tell the arms apart.", "",
@@ -92,7 +118,9 @@ def markdown(paired: dict, buckets: dict) -> list[str]:
         lines += ["", "## Replays by source bucket", "",
                   "Experiential questions by the bucket k (correct of K in the question's previous group) they were "
                   "drawn from, summed over seeds, against the arm's target share w(k/K) normalised over k = 1..K-1. "
-                  "A share below target: that bucket was often empty (its weight went to the others).", "",
+                  "A share below target: that bucket was often empty (its weight went to the others); the second "
+                  "line per arm is the bucket's size, questions whose latest group had k correct, averaged over "
+                  "steps and seeds.", "",
                   "Cells: replayed (share vs target).", ""]
         ks = sorted({r["k"] for rs in buckets.values() for r in rs})
         lines += ["| arm | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
@@ -101,6 +129,24 @@ def markdown(paired: dict, buckets: dict) -> list[str]:
             lines.append(f"| {arm} | " + " | ".join(
                 f"{by_k[k]['replayed']:.0f} ({_f(by_k[k]['share'], 2)} vs {_f(by_k[k]['target'], 2)})"
                 if k in by_k else "—" for k in ks) + " |")
+            lines.append(f"| {arm}: mean questions in bucket | " + " | ".join(
+                _f(by_k[k].get("occupancy", math.nan), 1) if k in by_k else "—" for k in ks) + " |")
+    return lines
+
+
+def _collapse_lines(collapsed: dict) -> list[str]:
+    lines = ["", "## Collapsed runs", "",
+             f"A run collapsed when its final held-out pass@1 is below {COLLAPSE_FRACTION:g} x its step-0 value. "
+             "Against on_policy on paired seeds: the seeds where only one of the two collapsed, and the exact "
+             "McNemar test on them (`noise` when p >= 0.05).", "",
+             "| arm | collapsed / runs | paired seeds | only this arm | only on_policy | McNemar p | verdict |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    for arm, c in collapsed.items():
+        p = c["p_mcnemar"]
+        verdict = ("—" if math.isnan(p) else "noise" if p >= 0.05
+                   else "fewer collapses" if c["only_arm"] < c["only_baseline"] else "more collapses")
+        lines.append(f"| {arm} | {c['collapsed']} / {c['runs']} | {c['paired_seeds']} | {c['only_arm']} | "
+                     f"{c['only_baseline']} | {_f(p, 3)} | {verdict} |")
     return lines
 
 

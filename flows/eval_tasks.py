@@ -7,6 +7,8 @@ table / plot / samples files as MLflow artifacts under `eval/step_NNNNNN/`.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 from prefect import task
@@ -15,6 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from exgrpo_core.evaluation import report as eval_report, evaluate as E
 from exgrpo_core import metrics as M
 from exgrpo_core.config import ExGRPOConfig
+from flows.run_report import stage_name
 
 _task = task(cache_policy=NO_CACHE, persist_result=False)
 START_STEP = -1  # the step an evaluation of the starting policy is stored at (eval.at_start)
@@ -39,9 +42,41 @@ def generation_args(cfg: ExGRPOConfig) -> dict:
                 pass_k=list(e.pass_k), require_think=cfg.reward.require_think)
 
 
+class EvalProgress:
+    """Progress lines of a running evaluation, `label: done/total questions, N s`: one per generated chunk
+    (the `progress` callback of `generate_and_grade`) and one every `every_s` seconds between them, so
+    a long batch (cpu-demo evaluates its 78 questions in one) is never silent."""
+
+    def __init__(self, label: str, total: int, every_s: float = 30.0):
+        self.label, self.total, self.every_s = label, total, every_s
+        self.done, self.t0 = 0, time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True, name="eval-progress")
+
+    def __call__(self, done: int, total: int) -> None:
+        self.done, self.total = done, total
+        self.say()
+
+    def say(self) -> None:
+        print(f"{self.label}: {self.done}/{self.total} questions, {time.perf_counter() - self.t0:.0f} s", flush=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.say()
+
+    def __enter__(self) -> "EvalProgress":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 @_task
-def run_eval(model, tokenizer, items: list[E.EvalItem], verify, args: dict) -> E.EvalReport:
-    return E.evaluate_items(model, tokenizer, items, verify, **args)
+def run_eval(model, tokenizer, items: list[E.EvalItem], verify, args: dict, label: str = "eval") -> E.EvalReport:
+    with EvalProgress(label, len(items)) as progress:
+        return E.evaluate_items(model, tokenizer, items, verify, progress=progress, **args)
 
 
 def flat_metrics(report: E.EvalReport) -> dict[str, float]:
@@ -92,10 +127,12 @@ class TrainingEvaluator:
     def run(self, s, tracker, step: int) -> dict:
         """Evaluate the session's model now; sampling is spread over the run's processes (s.team)."""
         engine = s.team.engine_view(top_p=self.args["top_p"], batch_size=self.args["batch_size"])
-        report = run_eval(s.accelerator.unwrap_model(s.model), s.tokenizer, self.items, s.verify,
-                          {**self.args, "engine": engine})
-        return record(report, store=s.store, run_id=s.run_id, step=step, tracker=tracker,
-                      out_dir=s.run_dir / "eval", label=self.cfg.run.name)
+        report = run_eval.with_options(task_run_name=stage_name("evaluate", step))(
+            s.accelerator.unwrap_model(s.model), s.tokenizer, self.items, s.verify, {**self.args, "engine": engine},
+            label=f"eval step {step + 1}")
+        return record.with_options(task_run_name=stage_name("record evaluation", step))(
+            report, store=s.store, run_id=s.run_id, step=step, tracker=tracker, out_dir=s.run_dir / "eval",
+            label=self.cfg.run.name)
 
     def start(self, s, tracker) -> dict | None:
         """With eval.at_start: evaluate the starting policy once, stored at step -1 (before step 0)."""

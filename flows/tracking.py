@@ -5,11 +5,17 @@ that output folder so they can be compared; `MLFLOW_TRACKING_URI` or `run.mlflow
 points at a server instead, which is probed first so that a dead server is a clear error, not a hang.
 Several processes may start on one new local store at once: creation is serialised by a file lock,
 and a new store is built in a temporary file and renamed into place, so a kill mid-creation leaves none.
+
+The experiment is tagged as model training (`mlflow.experimentKind`); MLflow 3.17's UI itself follows a
+global GenAI / model-training switch, so the links built here open the experiment with
+`?workflowType=machine_learning`. `log_checkpoint` records the final checkpoint (path, manifest hash,
+and on request the model) so a run can be rebuilt from MLflow.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -23,6 +29,11 @@ import yaml
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import flatten
 from exgrpo_core.locks import file_lock
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # read by MLflow 3's UI: genai_development or this
+MODEL_TRAINING = "custom_model_development"
+TRAINING_VIEW = "workflowType=machine_learning"  # MLflow 3.17's UI: the model-training view of a page
+LOCAL_UI = "http://127.0.0.1:5000"  # what `mlflow ui --backend-store-uri <local store>` serves
 
 
 class TrackingError(RuntimeError):
@@ -101,8 +112,11 @@ class MlflowRun:
                 artifacts = None
                 if uri.startswith("sqlite:///"):
                     artifacts = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
-                mlflow.create_experiment(cfg.run.mlflow_experiment, artifact_location=artifacts)
-            mlflow.set_experiment(cfg.run.mlflow_experiment)
+                mlflow.create_experiment(cfg.run.mlflow_experiment, artifact_location=artifacts,
+                                         tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+            elif EXPERIMENT_KIND_TAG not in experiment.tags:  # made before the tag existed: a training one too
+                mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+            self.experiment_id = mlflow.set_experiment(cfg.run.mlflow_experiment).experiment_id
         self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else cfg.run.name, tags=tags,
                                     nested=parent_run_id is not None,
                                     parent_run_id=None if run_id else parent_run_id)
@@ -142,4 +156,44 @@ class MlflowRun:
 
     def end(self, status: str = "FINISHED") -> None:
         self.mlflow.end_run(status=status)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.mlflow.set_tags({k: str(v)[:5000] for k, v in tags.items() if v is not None})
+
+    @property
+    def ui_base(self) -> str:
+        """The MLflow web UI of this store: the server itself, or `mlflow ui`'s default address."""
+        return self.uri.rstrip("/") if self.uri.startswith(("http://", "https://")) else LOCAL_UI
+
+    @property
+    def experiment_url(self) -> str:
+        return f"{self.ui_base}/#/experiments/{self.experiment_id}?{TRAINING_VIEW}"
+
+    @property
+    def run_url(self) -> str:
+        return f"{self.ui_base}/#/experiments/{self.experiment_id}/runs/{self.run_id}?{TRAINING_VIEW}"
+
+    def log_checkpoint(self, folder: str | Path, with_model: bool = False) -> dict:
+        """Record a checkpoint in the run: tags `exgrpo.checkpoint.path` / `.manifest_sha256`, artifacts
+        `checkpoint/manifest.json` and `checkpoint/reference.json`; with `with_model` also its model
+        (weights, config, tokenizer; not the optimiser) under `model/`. Returns the reference."""
+        folder = Path(folder).resolve()
+        manifest = folder / "manifest.json"
+        ref = {"path": str(folder), "name": folder.name,
+               "manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None,
+               "model_logged": with_model}
+        self.set_tags({"exgrpo.checkpoint.path": ref["path"],
+                       "exgrpo.checkpoint.manifest_sha256": ref["manifest_sha256"]})
+        if manifest.is_file():
+            self.mlflow.log_artifact(str(manifest), "checkpoint")
+        self.log_json(ref, "checkpoint/reference.json")
+        if with_model:
+            for p in sorted(folder.iterdir()):
+                if p.name in ("trainer_state.pt", "optimizer"):  # resumable state, not the model
+                    continue
+                if p.is_dir():
+                    self.mlflow.log_artifacts(str(p), f"model/{p.name}")
+                else:
+                    self.mlflow.log_artifact(str(p), "model")
+        return ref
 

@@ -2,23 +2,35 @@
 
 The model, optimiser and store live in the flow process (`Session`); tasks wrap one core call each
 and pass plain records. No caching (`NO_CACHE`): every task runs every iteration. MLflow logging and
-checkpointing happen in the `log` task from the stats the core returns.
+checkpointing happen in the `log` task from the stats the core returns. Task runs are named by stage
+and step; the step lines, a progress and a summary artifact go to Prefect (flows/run_report.py); the
+paper's pictures go to MLflow at evaluation and checkpoint steps (flows/plots.py). Which run a flow
+run trains (a new one per form run unless named; never a silent no-op): flows/train_params.py.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from typing import Callable
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run as current_flow_run
+from prefect.states import Cancelled, Failed
 
-from exgrpo_core import loop, metrics as M
+from exgrpo_core import checkpoint, loop, metrics as M
+from exgrpo_core.algorithm import selection
+from exgrpo_core.checkpoint import latest_checkpoint
 from exgrpo_core.config import ExGRPOConfig
-from exgrpo_core.config_io import load_config
 from exgrpo_core.session import Session, open_session
+from flows import monitor_events
 from flows.eval_tasks import TrainingEvaluator
+from flows.plots import write_run_pictures
+from flows.run_report import FlowRunReport, cli_equivalent, link_tags, stage_name
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
+from flows.train_params import Preset, ReplayRatio, Steps, finished_run, run_config
 
 # Set by the CLI to draw a progress display; called as progress(step, total, metrics).
 PROGRESS: list[Callable[[int, int, dict], None]] = []
@@ -85,9 +97,7 @@ def _mark_ended_elsewhere(flow, flow_run, state) -> None:
     from exgrpo_core import locks
     from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 
-    p = flow_run.parameters or {}
-    cfg = (ExGRPOConfig.model_validate(p["config"]) if p.get("config")
-           else load_config(p.get("preset", "tiny"), p.get("overrides") or []))
+    cfg, _ = run_config(flow_run.parameters or {}, getattr(flow_run, "name", None), getattr(flow_run, "id", None))
     run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
     if locks.holds(run_dir):  # the flow runs in this process: its own `except` records the end
         return
@@ -112,33 +122,51 @@ def _mark_ended_elsewhere(flow, flow_run, state) -> None:
 
 @flow(name="exgrpo-train", log_prints=True, on_cancellation=[_mark_ended_elsewhere],
       on_crashed=[_mark_ended_elsewhere])
-def train(preset: str = "tiny", overrides: list[str] | None = None,
+def train(preset: Preset = "tiny", run_name: str | None = None, steps: Steps = None,
+          replay_ratio: ReplayRatio = None, seed: int | None = None, overrides: list[str] | None = None,
           config: ExGRPOConfig | None = None, parent_mlflow_run_id: str | None = None) -> dict:
-    """Train with ExGRPO: `preset` names a YAML in configs/, `overrides` are dotted.key=value strings.
-
-    `config`, when given, is used as is (preset and overrides are ignored). `parent_mlflow_run_id`
-    nests this run's MLflow run under a comparison's parent run.
+    """Train with ExGRPO. Without a run name every flow run trains a new run, named
+    `<preset>-<flow run name>-<4 hex of its id>`; with one it continues that run (as `exgrpo train`).
 
     Args:
-        preset: A preset in configs/ (tiny, cpu-demo, paper) or a path to a YAML file.
-        overrides: dotted.key=value strings applied to the preset, e.g. run.steps=20.
-        config: The whole config tree; when set, preset and overrides are ignored.
+        preset: A shipped preset in configs/ (tiny: seconds per step; cpu-demo: SmolLM2-135M on CPU;
+            paper: the paper's recipe). Python callers may pass a YAML path.
+        run_name: Continue (or start) the run of this name; empty: a new run named after this flow run.
+        steps: Training iterations (run.steps); empty: the preset's.
+        replay_ratio: Share of each batch drawn from the experience pool (buffer.replay_ratio; 0 is
+            on-policy GRPO); empty: the preset's.
+        seed: Seed of data order, sampling and model init (run.seed); empty: the preset's.
+        overrides: Any other dotted.key=value strings, e.g. rollout.group_size=4 (the typed fields win).
+        config: The whole config tree; when set, every other field but parent_mlflow_run_id is ignored.
         parent_mlflow_run_id: MLflow run to nest this run under (set by the compare flow).
     """
-    cfg = config or load_config(preset, overrides or [])
+    params = dict(preset=preset, run_name=run_name, steps=steps, replay_ratio=replay_ratio, seed=seed,
+                  overrides=overrides, config=config)
+    cfg, sets = run_config(params, current_flow_run.get_name(), current_flow_run.get_id())
     check_server(resolve_tracking_uri(cfg))  # a dead MLflow server fails before any work is done
+    report = FlowRunReport(cfg.run.name, cfg.run.steps)
+    done = finished_run(cfg)
+    if done:  # never resume a finished run into a no-op that looks like success
+        print(done["message"])
+        report.nothing_trained(done["message"], done["mlflow_run_id"], done["id"])
+        return Cancelled(name="AlreadyFinished", message=done["message"])
     evaluator = TrainingEvaluator(cfg) if cfg.eval.every or cfg.eval.final else None  # bad suites fail here
     s = open_session(cfg)
     tracker: MlflowRun | None = None
     try:  # from here on every way out leaves the run with a true status in the database and MLflow
-        tracker = MlflowRun(cfg, s.mlflow_run_id, tags={"exgrpo.run_id": s.run_id, "exgrpo.preset": cfg.preset},
-                            parent_run_id=parent_mlflow_run_id)
+        tags = {"exgrpo.run_id": s.run_id, "exgrpo.preset": cfg.preset,
+                **link_tags(cli_equivalent(cfg.preset, sets) if sets is not None else None)}
+        tracker = MlflowRun(cfg, s.mlflow_run_id, tags=tags, parent_run_id=parent_mlflow_run_id)
         s.mlflow_run_id = tracker.run_id
         s.store.update_run(s.run_id, mlflow_run_id=tracker.run_id, status="running")
-        summary = _train_steps(s, cfg, tracker, evaluator)
+        with _quiet_task_runs():
+            summary = _train_steps(s, cfg, tracker, evaluator, report)
         tracker.end("FINISHED")
         s.store.update_run(s.run_id, status="finished")
         return summary
+    except monitor_events.MonitorStop as e:  # checkpoint_and_stop: the flow run ends Failed, without a traceback
+        _record_end(s, tracker, "stopped")
+        return Failed(message=str(e), data=e)  # the caller gets the MonitorStop raised
     except BaseException as e:
         _record_end(s, tracker, "failed" if isinstance(e, Exception) else "killed")
         raise
@@ -146,41 +174,106 @@ def train(preset: str = "tiny", overrides: list[str] | None = None,
         s.close()
 
 
-def _train_steps(s: Session, cfg: ExGRPOConfig, tracker: MlflowRun, evaluator) -> dict:
+class _NoFinishedLines(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Finished in state")
+
+
+@contextlib.contextmanager
+def _quiet_task_runs():
+    """No "Finished in state Completed()" line per task run (seven a step) between the step lines; task
+    states stay on the Task Runs tab; what tasks print (the evaluation's progress), warnings and errors
+    are still logged."""
+    log, quiet = logging.getLogger("prefect.task_runs"), _NoFinishedLines()
+    log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        log.removeFilter(quiet)
+
+
+def _named(t, stage: str, step: int):
+    return t.with_options(task_run_name=stage_name(stage, step))
+
+
+class _Entropies:
+    """H(o) of the responses sampled since the last pictures, split by correctness."""
+
+    def __init__(self, since: int):
+        self.since, self.correct, self.incorrect = since, [], []
+
+    def add(self, rollouts) -> None:
+        for r in rollouts:
+            if r.entropy is not None:
+                (self.correct if r.reward > 0 else self.incorrect).append(float(r.entropy))
+
+
+@_task
+def log_pictures(s: Session, tracker: MlflowRun, step: int, stats: dict, ent: _Entropies) -> str:
+    """The paper's pictures at this step (flows/plots.py) as MLflow artifacts `plots/step_NNNNNN/`."""
+    K, sel = s.cfg.rollout.group_size, s.cfg.selection
+    folder = write_run_pictures(
+        s.run_dir / "plots" / f"step_{step:06d}", step=step, since_step=ent.since, group_size=K,
+        correct=ent.correct, incorrect=ent.incorrect,
+        buckets={k: int(stats.get(M.bucket_key(k), 0)) for k in range(K + 1)},
+        replays=s.store.replay_buckets(s.run_id),
+        weights=selection.bucket_weights(K, sel.question_weighting, sel.sigma, sel.sigma_unit))
+    name = f"plots/step_{step:06d}"
+    tracker.log_artifacts(folder, name)
+    return name
+
+
+def _train_steps(s: Session, cfg: ExGRPOConfig, tracker: MlflowRun, evaluator, report: FlowRunReport) -> dict:
     if s.resumed_from is not None:
-        print(f"resumed run {s.run_id} after step {s.resumed_from}")
+        print(f"resumed run {s.run_id} after step {s.step} (checkpoint {checkpoint.folder_name(s.resumed_from)})")
         if s.step >= cfg.run.steps:
             print(f"run '{cfg.run.name}' already completed {s.step} steps: raise run.steps to continue it, "
                   "or set run.name to start a new run")
+    report.start(s.step, tracker, s.run_id)
     stats: dict = {}
+    pictures = None
+    ent = _Entropies(s.step)
     if evaluator:
         evaluator.start(s, tracker)  # eval.at_start: the starting policy, once per run
+    every = cfg.run.checkpoint_every
     for step in range(s.step, cfg.run.steps):
         t0 = time.perf_counter()
-        plan = select_questions(s)
-        rollouts, st_roll = rollout(s, plan)
-        st_verify = verify(s, rollouts)
-        groups, st_buf = buffer_update(s, plan, rollouts)
-        replayed, st_sel = select_trajectories(s, plan)
-        st_train = train_step(s, groups, replayed)
+        plan = _named(select_questions, "select questions", step)(s)
+        rollouts, st_roll = _named(rollout, "rollout", step)(s, plan)
+        st_verify = _named(verify, "verify", step)(s, rollouts)
+        ent.add(rollouts)
+        groups, st_buf = _named(buffer_update, "buffer update", step)(s, plan, rollouts)
+        replayed, st_sel = _named(select_trajectories, "select trajectories", step)(s, plan)
+        st_train = _named(train_step, "train", step)(s, groups, replayed)
         stats = {**st_roll, **st_verify, **st_buf, **st_sel, **st_train,
                  M.TIME_ITERATION: time.perf_counter() - t0}
-        if evaluator and evaluator.due(step):
+        eval_due = bool(evaluator and evaluator.due(step))
+        if eval_due:
             evaluator.run(s, tracker, step)  # before log_step checkpoints: a crash re-evaluates this step
-        stats = log_step(s, tracker, step, stats)
+        stats = _named(log_step, "log", step)(s, tracker, step, stats)
+        report.step(step, stats)
+        monitor_events.report(s, tracker, step, stats)  # raises MonitorStop after a checkpoint
+        if eval_due or (every and (step + 1) % every == 0) or step + 1 == cfg.run.steps:
+            pictures = _named(log_pictures, "pictures", step)(s, tracker, step, stats, ent)
+            ent = _Entropies(step + 1)
     summary = _summary(s, stats)
     if evaluator and cfg.eval.final:
         summary["eval"] = evaluator.final(s, tracker)
+    ckpt = latest_checkpoint(s.run_dir)
+    ref = tracker.log_checkpoint(ckpt, with_model=cfg.run.mlflow_log_model) if ckpt else None
     tracker.log_json(summary, "summary.json")
+    report.summary(summary=summary, cfg=cfg, tracker=tracker, checkpoint=ref,
+                   pictures="plots/step_*" if pictures else None)
     return summary
 
 
 def _record_end(s: Session, tracker: MlflowRun | None, status: str) -> None:
-    """Mark the run failed (an error) or killed (Ctrl-C, a Prefect cancellation's SIGTERM) in MLflow and
-    the database; a failure to record is reported, never raised over the error that ended the run."""
+    """Mark the run failed (an error), stopped (by a monitor; MLflow FAILED) or killed (Ctrl-C, a Prefect
+    cancellation's SIGTERM) in MLflow and the database; a failure to record is reported, never raised over
+    the error that ended the run."""
     try:
         if tracker is not None:
-            tracker.end(status.upper())
+            tracker.end("FAILED" if status == "stopped" else status.upper())
         s.store.update_run(s.run_id, status=status)
     except Exception as e:  # noqa: BLE001
         print(f"could not record run {s.run_id} as {status}: {e}")

@@ -1,7 +1,9 @@
-"""Screenshots of every dashboard page, taken in headless chromium: docs/img/dashboard-<page>.png.
+"""Screenshots of every dashboard page, taken in headless chromium: docs/img/dashboard-<page>.png, and
+the Buffer and Entropy pages with two runs overlaid: docs/img/dashboard_<page>_cross_run.png.
 
     python scripts/dashboard_screenshots.py                      # trains two tiny runs first (about 2 min)
-    python scripts/dashboard_screenshots.py --db-url URL --mlflow-uri URI --run RUN_ID --out docs/img
+    python scripts/dashboard_screenshots.py --db-url URL --mlflow-uri URI --run RUN_ID --out docs/img \
+        [--overlay RUN_ID,RUN_ID]                                # default: the two newest runs
 
 The helpers here (start `exgrpo dashboard`, drive chromium through selenium, wait for a page's
 content, save a full-page PNG) are also what tests/dashboard/test_browser.py uses.
@@ -24,12 +26,13 @@ CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 # url path -> texts that must be on the page once it has drawn
 PAGES = {
     "runs": ["Runs", "fresh pass@1", "Select runs"],
-    "buffer": ["Buffer", "pool questions", "questions per bucket k", "Importance weights"],
+    "buffer": ["Buffer", "pool questions", "Correctness buckets", "Question selection", "Importance weights"],
     "entropy": ["Entropy", "Correct vs incorrect", "Fresh vs replayed", "By bucket"],
     "experience": ["Experience browser", "questions match", "stored trajectories"],
     "results": ["Results", "Benchmarks", "Training curves", "MLflow runs side by side", "Final logged value"],
 }
 DEFAULT_PAGE = "runs"
+MULTI_RUN_PAGES = {"runs", "results"}  # opened without ?run=, so they show every run (up to four)
 
 
 def free_port() -> int:
@@ -88,12 +91,13 @@ def page_text(driver) -> str:
     return driver.find_element(By.TAG_NAME, "body").text
 
 
-def open_page(driver, base_url: str, page: str, run_id: str | None, timeout: float = 90) -> str:
-    """Load a page, wait until the script finished and every expected text is shown; returns the text."""
+def open_page(driver, base_url: str, page: str, run_id: str | None, timeout: float = 90, query: str = "") -> str:
+    """Load a page (`?run=run_id`, or the given query string), wait until the script finished and every
+    expected text is shown; returns the text."""
     from selenium.webdriver.common.by import By
 
     path = "" if page == DEFAULT_PAGE else page  # the default page lives at the root URL
-    driver.get(f"{base_url}/{path}" + (f"?run={run_id}" if run_id else ""))
+    driver.get(f"{base_url}/{path}" + (f"?{query}" if query else f"?run={run_id}" if run_id else ""))
     deadline, text = time.time() + timeout, ""
     while time.time() < deadline:
         time.sleep(1)
@@ -129,11 +133,35 @@ def capture_all(base_url: str, run_id: str | None, out_dir: Path, prefix: str = 
     try:
         for page in PAGES:
             driver.set_window_size(1400, 1000)
-            texts[page] = open_page(driver, base_url, page, run_id)
+            texts[page] = open_page(driver, base_url, page, None if page in MULTI_RUN_PAGES else run_id)
             screenshot(driver, out_dir / f"{prefix}{page}.png")
     finally:
         driver.quit()
     return texts
+
+
+def capture_cross_run(base_url: str, run_ids: list[str], out_dir: Path) -> dict[str, str]:
+    """Buffer and Entropy with the runs overlaid: `dashboard_<page>_cross_run.png`; returns each page's text."""
+    driver, texts = chromium(), {}
+    try:
+        for page in ("buffer", "entropy"):
+            driver.set_window_size(1400, 1000)
+            texts[page] = open_page(driver, base_url, page, None, query=f"overlay={','.join(run_ids)}")
+            screenshot(driver, out_dir / f"dashboard_{page}_cross_run.png")
+    finally:
+        driver.quit()
+    return texts
+
+
+def _newest_two(db_url: str) -> list[str]:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            return [r for (r,) in conn.execute(sa.text("select id from runs order by created_at desc limit 2"))]
+    finally:
+        engine.dispose()
 
 
 def train_demo_runs(folder: Path) -> tuple[str, str]:
@@ -153,6 +181,8 @@ def main() -> None:
     ap.add_argument("--db-url")
     ap.add_argument("--mlflow-uri")
     ap.add_argument("--run", default=None, help="run id shown on single-run pages (default: the newest)")
+    ap.add_argument("--overlay", default=None, help="comma-separated run ids for the cross-run pictures "
+                    "(default: the two newest runs)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "img"))
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="exgrpo-shots-"))
@@ -161,9 +191,12 @@ def main() -> None:
     proc = start_dashboard(db, mlflow or f"sqlite:///{folder / 'mlflow.db'}", port, folder / "dashboard.log")
     try:
         capture_all(f"http://127.0.0.1:{port}", args.run, Path(args.out))
+        overlay = args.overlay.split(",") if args.overlay else _newest_two(db)
+        capture_cross_run(f"http://127.0.0.1:{port}", overlay, Path(args.out))
     finally:
         stop(proc)
-    print(f"wrote {', '.join(f'dashboard-{p}.png' for p in PAGES)} to {args.out}")
+    print(f"wrote {', '.join(f'dashboard-{p}.png' for p in PAGES)} and dashboard_buffer_cross_run.png, "
+          f"dashboard_entropy_cross_run.png to {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Entropy: distributions of trajectory entropy H(o) (docs/implementation_details.md) at a chosen step range, as in the
 paper's analysis (§4): correct vs incorrect, fresh vs replayed, by correctness bucket; and the mean
-entropy of replayed trajectories over steps (low-entropy selection, §3.2)."""
+entropy of replayed trajectories over steps (low-entropy selection, §3.2). Several runs are overlaid."""
 
 import pandas as pd
 import streamlit as st
@@ -9,62 +9,108 @@ from dashboard import charts, db, ui
 from dashboard.queries import ENTROPY_DEFAULT_STEPS
 from exgrpo_core import metrics as M
 
+STATS_FORMAT = {c: st.column_config.NumberColumn(format="%.4f") for c in ("mean entropy", "std", "min", "max")}
 
-def _section(url: str, run_id: str, lo: int, hi: int, by: str, title: str) -> pd.DataFrame:
-    hist = ui.entropy_histogram(url, run_id, lo, hi, by)
+
+def histograms(url: str, chosen: pd.DataFrame, names: dict[str, str], lo: int, hi: int, by: str) -> pd.DataFrame:
+    """The runs' SQL histograms, with a `run` column when there are several."""
+    parts = [ui.entropy_histogram(url, rid, lo, hi, by).assign(run=names[rid]) for rid in chosen["id"]]
+    hist = pd.concat(parts, ignore_index=True)
+    return hist if len(chosen) > 1 else hist.drop(columns="run")
+
+
+def _section(url: str, chosen: pd.DataFrame, names: dict[str, str], lo: int, hi: int, by: str,
+             title: str) -> pd.DataFrame:
+    hist = histograms(url, chosen, names, lo, hi, by)
     if hist.empty:
         st.info(f"No trajectories with an entropy at steps {lo}-{hi}.")
         return hist
     bins = charts.merge_bins(hist)
+    stats = charts.group_stats(hist)
     if by == "bucket":
-        st.altair_chart(charts.violins(bins, title, "bucket k of the group"), width="content")
+        st.altair_chart(charts.violins(bins, stats, title, "bucket k of the group"), width="content")
+        st.caption("Each violin is drawn from its bucket's smallest to its largest entropy, one band per bin that "
+                   "holds trajectories, widest bin at full width; the black tick is the mean"
+                   + (" (runs side by side, in the order picked)." if "run" in bins else "."))
+    elif "run" in bins:  # several runs: one panel per group, the runs overlaid in each
+        groups = sorted(bins["group"].unique())
+        for col, group in zip(st.columns(len(groups)), groups):
+            col.altair_chart(charts.histogram(bins[bins.group == group], group, color="run"),
+                             width="stretch")
     else:
         st.altair_chart(charts.histogram(bins, title), width="stretch")
-    st.dataframe(charts.group_stats(hist), hide_index=True, width="stretch",
-                 column_config={"mean entropy": st.column_config.NumberColumn(format="%.4f"),
-                                "std": st.column_config.NumberColumn(format="%.4f")})
+    st.dataframe(stats, hide_index=True, width="stretch", column_config=STATS_FORMAT)
     return hist
 
 
-def render() -> None:
-    st.title("Entropy")
-    url = db.database_url()
-    ui.sidebar(url)
-    run = ui.pick_run(ui.runs_or_stop(url))
-    bounds = ui.step_bounds(url, run.id)
-    if bounds is None:
-        st.info(f"Run {run['name']} has no stored trajectories yet. Fresh rollouts are stored after each step "
-                "when `buffer.store_all_rollouts` is on (the default); otherwise only collected experience is.")
+def _replayed_over_steps(url: str, chosen: pd.DataFrame, names: dict[str, str]) -> None:
+    st.subheader("Replayed trajectories over steps")
+    multi, parts, any_replay = len(chosen) > 1, [], False
+    for run in chosen.itertuples():
+        replays = ui.replay_entropy_by_step(url, run.id)
+        fresh = ui.metric_series(url, (run.id,), (M.FRESH_ENTROPY,))
+        any_replay |= not replays.empty
+        parts += [replays.rename(columns={"mean_entropy": "value"}).assign(series="replayed (lowest H)"),
+                  fresh.assign(series="fresh (mean)")]
+        parts[-2:] = [d.assign(run=names[run.id]) for d in parts[-2:]]
+    curves = pd.concat(parts, ignore_index=True)[["step", "value", "series", "run"]]
+    first = chosen.iloc[0]
+    start = None if multi or pd.isna(first.replay_started_step) else int(first.replay_started_step)
+    colour, dash = ("run", "series") if multi else ("series", None)  # several runs: colour = run, dash = series
+    st.altair_chart(charts.lines(curves.dropna(), "value", colour, "mean entropy per step", "H (nats)", start,
+                                 dash=dash), width="stretch")
+    if not any_replay:
+        st.info(("These runs have" if multi else "This run has") +
+                " not replayed any trajectory yet, so only fresh rollouts are shown.")
+
+
+def body(url: str, chosen: pd.DataFrame, names: dict[str, str]) -> None:
+    bounds = [b for b in (ui.step_bounds(url, rid) for rid in chosen["id"]) if b is not None]
+    if not bounds:
+        st.info(f"Run {chosen.iloc[0]['name']} has no stored trajectories yet. Fresh rollouts are stored after each "
+                "step when `buffer.store_all_rollouts` is on (the default); otherwise only collected experience is.")
         return
-    first, last = bounds
-    default = (max(first, last - ENTROPY_DEFAULT_STEPS + 1), last)
-    lo, hi = (first, last) if first == last else st.slider("policy steps", first, last, default)
+    first, last = min(b[0] for b in bounds), max(b[1] for b in bounds)
+    if first == last:
+        lo, hi = first, last
+    else:
+        default = (max(first, last - ENTROPY_DEFAULT_STEPS + 1), last)
+        key = ui.option("steps", default, parse=lambda s: tuple(int(x) for x in s.split("-")))
+        lo, hi = st.session_state[key]
+        if not first <= lo <= hi <= last:
+            st.session_state[key] = default
+        lo, hi = st.slider("policy steps", first, last, key=key)
+        ui.remember("steps", f"{lo}-{hi}")
     st.caption(f"Trajectories generated by the policy at steps {lo}-{hi}. H(o) is the mean over the response's "
                "tokens of the full next-token distribution's entropy; replayed ones are measured again under "
                "the policy at replay time. Each histogram reads every trajectory of the range (from an index), so a "
                "wide range on a run with a million trajectories takes seconds.")
 
     st.subheader("Correct vs incorrect")
-    _section(url, run.id, lo, hi, "correct", "fresh rollouts by reward")
+    _section(url, chosen, names, lo, hi, "correct", "fresh rollouts by reward")
     st.subheader("Fresh vs replayed")
-    hist = _section(url, run.id, lo, hi, "source", "fresh rollouts and replayed experience")
+    hist = _section(url, chosen, names, lo, hi, "source", "fresh rollouts and replayed experience")
     if not hist.empty and "replayed" not in set(hist["group"]):
+        never = chosen["replay_started_step"].isna().all()
         st.info("Nothing was replayed in this step range" + (
-            "" if pd.notna(run.replay_started_step) else ": replay never became active in this run") + ".")
+            ": replay never became active in this run" if never and len(chosen) == 1 else
+            ": replay never became active in these runs" if never else "") + ".")
     st.subheader("By bucket")
-    _section(url, run.id, lo, hi, "bucket", "entropy by the k of the group each rollout was verified in")
+    _section(url, chosen, names, lo, hi, "bucket", "entropy by the k of the group each rollout was verified in")
+    _replayed_over_steps(url, chosen, names)
 
-    st.subheader("Replayed trajectories over steps")
-    replays = ui.replay_entropy_by_step(url, run.id)
-    fresh = ui.metric_series(url, (run.id,), (M.FRESH_ENTROPY,))
-    curves = pd.concat([
-        replays.rename(columns={"mean_entropy": "value"}).assign(series="replayed (lowest H)"),
-        fresh.assign(series="fresh (mean)")], ignore_index=True)[["step", "value", "series"]]
-    start = None if pd.isna(run.replay_started_step) else int(run.replay_started_step)
-    st.altair_chart(charts.lines(curves.dropna(), "value", "series", "mean entropy per step", "H (nats)", start),
-                    width="stretch")
-    if replays.empty:
-        st.info("This run has not replayed any trajectory yet, so only fresh rollouts are shown.")
+
+def render() -> None:
+    st.title("Entropy")
+    url = db.database_url()
+    ui.sidebar(url)
+    runs = ui.runs_or_stop(url)
+    chosen = ui.pick_overlay(runs)
+    if chosen.empty:
+        st.info("Select one or more runs in the sidebar.")
+        return
+    names = ui.names(runs)
+    ui.live(chosen, lambda: body(url, chosen, names))
 
 
 with ui.explained():

@@ -1,8 +1,11 @@
-"""Runs: every run in the experience database with its status, progress, preset and key metrics."""
+"""Runs: every run in the experience database with its status, progress, preset and key metrics; the
+selected runs' curves and links to their MLflow runs and Prefect flow runs."""
 
+import pandas as pd
 import streamlit as st
 
 from dashboard import charts, db, ui
+from dashboard import monitor_banner
 from exgrpo_core import metrics as M
 
 COLUMNS = {"name": "run", "status": "status", "step": "steps", "preset": "preset", "replay_active": "replay",
@@ -16,6 +19,7 @@ def render() -> None:
     url = db.database_url()
     ui.sidebar(url)
     runs = ui.runs_or_stop(url)
+    monitor_banner.render(url, tuple(runs.id))
     counts = runs["status"].value_counts()
     cols = st.columns(4)
     cols[0].metric("runs", len(runs))
@@ -34,6 +38,11 @@ def render() -> None:
         return
     if st.session_state.get("run_id") not in chosen:  # single-run pages open the first selected run
         st.session_state["run_id"] = chosen[0]
+    ui.live(runs[runs.id.isin(chosen)], lambda: selected(url, runs, chosen))
+
+
+def selected(url: str, runs: pd.DataFrame, chosen: list[str]) -> None:
+    """The selected runs: curves, links to MLflow / Prefect, and links to the other pages."""
     series = ui.metric_series(url, tuple(chosen), (M.REWARD_MEAN, M.FRESH_PASS1))
     if series.empty:
         st.info("The selected runs have not completed a step yet.")
@@ -44,7 +53,13 @@ def render() -> None:
                                    "reward"), width="stretch")
     right.altair_chart(charts.lines(series[series.key == M.FRESH_PASS1], "value", "run", "fresh pass@1",
                                     "pass@1"), width="stretch")
-    st.page_link("views/buffer.py", label="Buffer of the first selected run", icon=":material/inventory_2:")
+    st.markdown("**Links**")
+    ui.show_links(url, runs.set_index("id").loc[chosen].reset_index())
+    overlay = {"overlay": ",".join(chosen)}
+    st.page_link("views/buffer.py", label="Buffer of the selected runs", icon=":material/inventory_2:",
+                 query_params=overlay)
+    st.page_link("views/entropy.py", label="Entropy of the selected runs", icon=":material/bar_chart:",
+                 query_params=overlay)
     st.page_link("views/results.py", label="Compare the selected runs", icon=":material/leaderboard:")
 
 

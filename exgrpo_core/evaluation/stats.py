@@ -145,3 +145,13 @@ def replay_vs_target(counts: Mapping[int, float], weights: Mapping[int, float]) 
     total, wsum = sum(counts.values()), sum(weights.values())
     return [{"k": k, "replayed": counts.get(k, 0), "share": counts.get(k, 0) / total if total else NAN,
              "target": weights[k] / wsum if wsum else NAN} for k in sorted(set(counts) | set(weights))]
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Exact two-sided McNemar test for paired yes/no outcomes: b, c = the two kinds of discordant
+    pairs; p = P(a Binomial(b + c, 1/2) count at least as far from (b + c)/2 as observed)."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)

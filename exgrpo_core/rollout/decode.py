@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from exgrpo_core.training.forward_parts import takes_logits_to_keep
+from exgrpo_core.training.forward_parts import cache_kw, cache_of, takes_logits_to_keep
 
 
 class GrowLayer(DynamicLayer):
@@ -168,17 +168,17 @@ def prefix_prefill(model, prompts: list[list[int]], pad_id: int, min_prefix: int
     distinct = torch.tensor([rests.index(x) for x in slot], device=device)  # a row holding each remainder
     cache = None
     if common:
-        cache = model(input_ids=ids[:1, :common], attention_mask=mask[:1, :common],
-                      position_ids=torch.arange(common, device=device)[None], use_cache=True, **keep1).past_key_values
+        cache = cache_of(model(input_ids=ids[:1, :common], attention_mask=mask[:1, :common],
+                               position_ids=torch.arange(common, device=device)[None], use_cache=True, **keep1))
         if not hasattr(cache, "batch_select_indices"):
             return None
         cache.batch_select_indices(torch.zeros(len(slot), dtype=torch.long, device=device))
     if r > 1:  # the remainders but their last column, on the prefix
         m = mask[distinct, :-1]
         pos = (m.cumsum(-1) - 1).masked_fill(m == 0, 1)[:, common:]
-        out = model(input_ids=ids[distinct, common:-1], attention_mask=m, position_ids=pos, past_key_values=cache,
-                    use_cache=True, **keep1)
-        cache = out.past_key_values
+        out = model(input_ids=ids[distinct, common:-1], attention_mask=m, position_ids=pos, use_cache=True,
+                    **{cache_kw(model): cache}, **keep1)
+        cache = cache_of(out)
     if cache is None or not hasattr(cache, "batch_select_indices"):
         return None
     cache.batch_select_indices(rows)
@@ -209,10 +209,11 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, cache, *, temperature: 
     n, w = ids.shape
     device = ids.device
     keep1 = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
+    kw = cache_kw(model)
     if cache is None and w > 1:
         pos = (mask[:, :-1].long().cumsum(-1) - 1).masked_fill(mask[:, :-1] == 0, 1)
-        cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos, use_cache=True,
-                      **keep1).past_key_values
+        cache = cache_of(model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos,
+                               use_cache=True, **keep1))
     cache = growing_cache(cache, max_new_tokens) if static_cache else (cache or DynamicCache())
     eos = torch.tensor(eos_ids, device=device)
     tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -229,8 +230,8 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, cache, *, temperature: 
         row_steps += live
         steps = t + 1
         out = model(input_ids=seq[:, w - 1 + t:w + t], attention_mask=att[:, :w + t], position_ids=pos[:, None],
-                    past_key_values=cache, use_cache=True, **keep1)
-        cache = out.past_key_values
+                    use_cache=True, **{kw: cache}, **keep1)
+        cache = cache_of(out)
         x = out.logits[:, -1].float()  # [live, V]
         for proc in processors:
             x = proc(seq[:, :w + t], x)

@@ -20,7 +20,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from exgrpo_core.rollout.decode import decode, prefix_prefill
 from exgrpo_core.training import fsdp
-from exgrpo_core.training.forward_parts import copied_prompt_cache
+from exgrpo_core.training.forward_parts import cache_kw, copied_prompt_cache
 from exgrpo_core.types import Generation
 
 
@@ -114,7 +114,7 @@ class TransformersEngine:
         own, self.model.generation_config = self.model.generation_config, GenerationConfig()  # generate() fills
         try:  # unset fields from the model's config (repetition_penalty, ...): give it an empty one meanwhile
             res = self.model.generate(
-                input_ids=ids, attention_mask=mask, past_key_values=self._shared_prefill(ids, mask),
+                input_ids=ids, attention_mask=mask, **{cache_kw(self.model): self._shared_prefill(ids, mask)},
                 generation_config=config, synced_gpus=self.synced,
                 logits_processor=LogitsProcessorList(self.logits_processors))
         finally:

@@ -60,7 +60,9 @@ def bulk_insert(conn: Connection, stmt, rows: list[dict]) -> None:
 _TRAJECTORY_COPY = {"run_id": "varchar", "question_id": "int4", "step": "int4", "collected_step": "int4",
                     "reward": "float8", "entropy": "float8", "length": "int4", "truncated": "bool", "text": "text",
                     "text_sha1": "varchar", "token_ids": "bytea", "behaviour_logprobs": "bytea", "in_pool": "bool",
-                    "retired": "bool", "times_replayed": "int4", "last_replayed_step": "int4"}
+                    "retired": "bool", "times_replayed": "int4", "last_replayed_step": "int4", "prediction": "text",
+                    "gold": "text", "verifier": "varchar", "verifier_version": "varchar", "verify_timed_out": "bool",
+                    "verify_reason": "varchar", "origin_run_id": "varchar", "origin_trajectory_id": "int8"}
 
 
 def insert_trajectories(conn: Connection, rows: list[dict]) -> None:
@@ -249,7 +251,11 @@ def _trajectory_rows(conn: Connection, run_id: str, step: int, groups: list[Grou
             run_id=run_id, question_id=qid, step=r.step, collected_step=step, reward=float(r.reward),
             entropy=none_if_nan(r.entropy), length=len(r.response_ids), truncated=bool(r.truncated), text=r.text,
             text_sha1=_sha1(r.text), token_ids=ids, behaviour_logprobs=lps, in_pool=experience and not retired,
-            retired=retired, times_replayed=0, last_replayed_step=None))
+            retired=retired, times_replayed=0, last_replayed_step=None, prediction=r.prediction, gold=r.gold,
+            verifier=r.verifier, verifier_version=r.verifier_version,
+            verify_timed_out=None if r.verifier is None else r.reason == "timeout",
+            verify_reason=None if r.verifier is None else r.reason[:16], origin_run_id=None,
+            origin_trajectory_id=None))
     return rows, collected, duplicates
 
 

@@ -31,11 +31,13 @@ from exgrpo_core.store.tables import (EvalResult, GroupResultRow, QuestionRow, Q
                                       StepMetric, Trajectory)
 from exgrpo_core.store.rollback import rollback_rows
 from exgrpo_core.store.replay import bucket_sizes, candidate_rows, payload_rows, pooled_uids_at
+from exgrpo_core.store.audit import AuditStore
+from exgrpo_core.store.warm import WarmStartStore
 from exgrpo_core.types import BufferState, Experience, GroupResult, Question
 
 __all__ = ["ExperienceStore", "StoreError", "resolve_db_url", "question_digest"]
 
-RUN_STATUSES = ("running", "finished", "failed", "killed")
+RUN_STATUSES = ("running", "finished", "failed", "stopped", "killed")  # stopped: by a monitor
 _RUN_FIELDS = ("status", "step", "mlflow_run_id", "replay_active", "replay_started_step")
 
 
@@ -69,8 +71,9 @@ def question_digest(q: Question, repeat_of: str | None = None) -> str:
     return hashlib.sha1(payload.encode("utf-8")).hexdigest()
 
 
-class ExperienceStore:
-    """Typed access to the experience database at `url` (see `resolve_db_url`).
+class ExperienceStore(WarmStartStore, AuditStore):
+    """Typed access to the experience database at `url` (see `resolve_db_url`); warm-start and
+    verifier-audit methods come from store/warm.py and store/audit.py.
 
     Example:
         >>> store = ExperienceStore("sqlite:////tmp/run/experience.db")  # doctest: +SKIP

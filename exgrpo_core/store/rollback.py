@@ -48,7 +48,8 @@ def _rebuild_states(conn: Connection, run_id: str, step: int, qids: list[int]) -
     same_q = and_(G.run_id == QS.run_id, G.question_id == QS.question_id)
     kept = and_(QS.retired_step.is_not(None), QS.retired_step <= step)
     values = dict(
-        latest_k=select(G.k).where(same_q).order_by(G.step.desc(), G.id.desc()).limit(1).scalar_subquery(),
+        latest_k=func.coalesce(select(G.k).where(same_q).order_by(G.step.desc(), G.id.desc()).limit(1)
+                               .scalar_subquery(), QS.warm_k),  # a warm-started question keeps its bucket
         n_groups=select(func.count()).select_from(G).where(same_q).scalar_subquery(),
         last_step=select(func.max(G.step)).where(same_q).scalar_subquery(),
         retired=case((kept, True), else_=False),

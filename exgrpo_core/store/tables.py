@@ -33,7 +33,7 @@ class Run(Base):
     preset: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    status: Mapped[str] = mapped_column(String(16))  # running / finished / failed / killed
+    status: Mapped[str] = mapped_column(String(16))  # running / finished / failed / stopped / killed
     step: Mapped[int] = mapped_column(Integer)  # last completed step, -1 before the first
     group_size: Mapped[int] = mapped_column(Integer)
     config_json: Mapped[str] = mapped_column(Text)
@@ -42,6 +42,7 @@ class Run(Base):
     replay_started_step: Mapped[int | None] = mapped_column(Integer)
     # pool slots are logged (pool_slot_log) for steps after this one; rollback before it renumbers (0005)
     slots_logged_after: Mapped[int] = mapped_column(Integer, server_default=text("-1"))
+    warm_start_json: Mapped[str | None] = mapped_column(Text)  # a warm start's sources and counts (0006)
 
 
 class QuestionRow(Base):
@@ -69,6 +70,7 @@ class QuestionState(Base):
     times_replayed: Mapped[int] = mapped_column(Integer)
     pool_size: Mapped[int] = mapped_column(Integer)  # its in_pool trajectories: buffer_state reads no trajectory
     slot: Mapped[int | None] = mapped_column(Integer)  # place in its pooled bucket, 0..n-1; None outside (0005)
+    warm_k: Mapped[int | None] = mapped_column(Integer)  # bucket from a warm start, kept by rollback (0006)
     __table_args__ = (
         UniqueConstraint("run_id", "uid", name="uq_question_states_run_uid"),
         Index("ix_question_states_run_retired_k", "run_id", "retired", "latest_k"),
@@ -127,6 +129,16 @@ class Trajectory(Base):
     retired: Mapped[bool] = mapped_column(Boolean)  # was pooled, left the pool when its question retired
     times_replayed: Mapped[int] = mapped_column(Integer)
     last_replayed_step: Mapped[int | None] = mapped_column(Integer)
+    # how it was graded (0006; None: written before the audit columns existed)
+    prediction: Mapped[str | None] = mapped_column(Text)  # extracted final answer
+    gold: Mapped[str | None] = mapped_column(Text)  # the gold as the grader read it
+    verifier: Mapped[str | None] = mapped_column(String(32))  # "math" / "choice"
+    verifier_version: Mapped[str | None] = mapped_column(String(100))
+    verify_timed_out: Mapped[bool | None] = mapped_column(Boolean)
+    verify_reason: Mapped[str | None] = mapped_column(String(16))
+    # a warm start's copy: the source run and trajectory (0006)
+    origin_run_id: Mapped[str | None] = mapped_column(String(64))
+    origin_trajectory_id: Mapped[int | None] = mapped_column(BigId)
     __table_args__ = (
         Index("ix_trajectories_run_question_pool", "run_id", "question_id", "in_pool"),
         Index("ix_trajectories_run_step", "run_id", "step"),
@@ -171,3 +183,17 @@ class EvalResult(Base):
     n: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     __table_args__ = (Index("ix_eval_results_run_step", "run_id", "step"),)
+
+
+class RewardChange(Base):
+    """A stored reward changed by `exgrpo reverify --apply` (0006); no FK: outlives a rolled-back row."""
+
+    __tablename__ = "reward_changes"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    trajectory_id: Mapped[int] = mapped_column(BigId)
+    old_reward: Mapped[float] = mapped_column(Float)
+    new_reward: Mapped[float] = mapped_column(Float)
+    verifier: Mapped[str] = mapped_column(String(32))
+    verifier_version: Mapped[str] = mapped_column(String(100))
+    changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -63,6 +63,21 @@ def takes_logits_to_keep(model) -> bool:
         return False
 
 
+def cache_kw(model) -> str:
+    """The forward's key/value cache keyword: `cache` since transformers renamed `past_key_values`
+    (passing the old name warns on every call), else `past_key_values`."""
+    forward = getattr(model, "module", model).forward
+    try:
+        return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+    except (TypeError, ValueError):
+        return "past_key_values"
+
+
+def cache_of(out):
+    """The key/value cache a forward returned (`out.cache`, formerly `out.past_key_values`), or None."""
+    return out.cache if hasattr(out, "cache") else getattr(out, "past_key_values", None)
+
+
 def can_share_prompts(model) -> bool:
     """Two forwards (prompt, then responses on its cache) before one backward: not with gradient
     checkpointing (transformers drops the cache in training) nor FSDP2 (one forward per backward)."""
@@ -82,7 +97,7 @@ def copied_prompt_cache(model, ids: torch.Tensor, mask: torch.Tensor, position_i
     that can be copied. Shared by sampling (rollout.py) and scoring (`shared_prompt_logits`)."""
     keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, **keep)
-    cache = getattr(out, "past_key_values", None)
+    cache = cache_of(out)
     if cache is None or not hasattr(cache, "batch_select_indices"):
         return None
     cache.batch_select_indices(which)
@@ -132,6 +147,6 @@ def shared_prompt_logits(model, ids: torch.Tensor, am: torch.Tensor, rows: torch
     index[used] = torch.arange(used.numel(), device=ids.device)
     c_rows, c_cols = index[rows], cols - c0[rows]  # scored positions in continuation coordinates
     with head_at(model, c_rows, c_cols, (used.numel(), span)) as tap:
-        logits = model(input_ids=cont_ids, attention_mask=mask, position_ids=cont_pos, past_key_values=cache,
-                       use_cache=True).logits
+        logits = model(input_ids=cont_ids, attention_mask=mask, position_ids=cont_pos, use_cache=True,
+                       **{cache_kw(model): cache}).logits
     return logits[0] if tap.hit else logits[c_rows, c_cols]

@@ -38,3 +38,30 @@ def test_it_resolves_the_database_and_mlflow_store_as_training_does(tmp_path):
         proc.wait()
     assert f"database sqlite:///{tmp_path}/tiny/experience.db" in first, first
     assert f"MLflow sqlite:///{tmp_path}/mlflow.db" in first, first
+
+
+def _first_line(args: list[str], env: dict) -> str:
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "dashboard", *args, "--port", "1"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**env, "COLUMNS": "40"})
+    try:
+        return proc.stdout.readline()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_it_prefers_the_read_only_role_that_services_env_exports(tmp_path):
+    """`eval "$(infra/services.sh env)"` exports the training role's EXGRPO_DB_URL and the read-only
+    EXGRPO_DASHBOARD_DB_URL: the dashboard takes the read-only one and says so in its first line."""
+    rw = "postgresql+psycopg://exgrpo_train@127.0.0.1:9/exp"
+    ro = "postgresql+psycopg://exgrpo_dashboard@127.0.0.1:9/exp"
+    base = {k: v for k, v in os.environ.items() if k not in ("EXGRPO_DB_URL", "EXGRPO_DASHBOARD_DB_URL")}
+    first = _first_line([], {**base, "EXGRPO_DB_URL": rw, "EXGRPO_DASHBOARD_DB_URL": ro})
+    assert f"database {ro} (read-only role, EXGRPO_DASHBOARD_DB_URL)" in first, first
+    first = _first_line([], {**base, "EXGRPO_DB_URL": rw})  # only the training role: used, and said so
+    assert f"database {rw} (training role, EXGRPO_DB_URL; EXGRPO_DASHBOARD_DB_URL is not set)" in first, first
+    first = _first_line(["--db-url", f"sqlite:///{tmp_path}/x.db"], {**base, "EXGRPO_DASHBOARD_DB_URL": ro})
+    assert f"database sqlite:///{tmp_path}/x.db (--db-url)" in first, first
+    first = _first_line(["--config", "tiny", "--set", f"run.db_url=sqlite:///{tmp_path}/y.db"],
+                        {**base, "EXGRPO_DASHBOARD_DB_URL": ro})  # the config names its own database
+    assert f"database sqlite:///{tmp_path}/y.db (run.db_url of the config)" in first, first

@@ -65,8 +65,8 @@ def test_buffer_page_shows_the_last_step_and_replay_start(dashboard_env):
     assert shown["retired questions"] == f"{last_metric(t, 'exgrpo', M.RETIRED_QUESTIONS):.0f}"
     start = t.one("select replay_started_step from runs where name='exgrpo'")
     assert shown["replay on since step"] == str(start)
-    assert charts(at) == 5  # sizes, bucket area, weight means, weight spread, replayed samples
-    now = at.dataframe[0].value
+    assert charts(at) == 7  # pool questions, pool trajectories, buckets, replays vs target, 2 weights, replayed
+    now = next(d.value for d in at.dataframe if "pooled" in d.value.columns)
     assert now["questions"].sum() == t.one("select count(*) from question_states where run_id=:r", r=t.ids["exgrpo"])
 
 
@@ -75,6 +75,7 @@ def test_buffer_page_explains_a_run_without_replay(dashboard_env):
     assert metrics_of(at)["replay on since step"] == "never"
     assert "Replay never became active" in shown_text(at)
     assert "no importance weights" in shown_text(at)
+    assert "has replayed nothing yet" in shown_text(at)
 
 
 def _stats(at: AppTest, i: int) -> dict[str, int]:
@@ -116,12 +117,12 @@ def test_experience_browser_filters_and_shows_a_question(dashboard_env):
     t = dashboard_env
     rid = t.ids["exgrpo"]
     at = open_page("experience", rid)
-    total = t.one("select count(*) from question_states where run_id=:r", r=rid)
-    assert f"{total} questions match" in shown_text(at)
+    total = t.one("select count(*) from question_states where run_id=:r and n_groups > 0", r=rid)
+    assert f"{total} questions match" in shown_text(at)  # only rolled-out questions by default
     # default order: most replayed first; the page opens that question
     uid, k, groups, replayed, qid = t.sql(
         "select uid, latest_k, n_groups, times_replayed, question_id from question_states where run_id=:r "
-        "order by times_replayed desc, uid limit 1", r=rid)[0]
+        "and n_groups > 0 order by times_replayed desc, uid limit 1", r=rid)[0]
     assert f"Question {uid}" in [s.value for s in at.subheader]
     shown = metrics_of(at)
     assert shown["latest k"] == f"{k} / 8" and shown["groups"] == str(groups)
@@ -130,17 +131,18 @@ def test_experience_browser_filters_and_shows_a_question(dashboard_env):
     assert f"**{stored} stored trajectories**" in shown_text(at)
     html = [h.proto.body for h in at.get("html")]
     shown_rows = t.sql("select reward, text from trajectories where run_id=:r and question_id=:q "
-                       "order by id desc limit :n", r=rid, q=qid, n=len(html))
+                       "order by collected_step desc, id desc limit :n", r=rid, q=qid, n=len(html))
     assert html and len(shown_rows) == len(html)
-    for (reward, text), h in zip(shown_rows, html):  # newest first; the graded answer marked, green or red
+    for (reward, text), h in zip(shown_rows, html):  # newest group first; the graded answer marked, green or red
         span = answer_span(text)
         assert ("<mark" in h) == (span is not None), (text, h)
         assert span is None or ("#b7ebc6" in h) == (reward > 0), (text, reward, h)
 
     retired_box = next(s for s in at.selectbox if s.label == "retired")
     retired_box.select("yes").run()
-    n_retired = t.one("select count(*) from question_states where run_id=:r and retired", r=rid)
+    n_retired = t.one("select count(*) from question_states where run_id=:r and retired and n_groups > 0", r=rid)
     assert f"{n_retired} questions match" in shown_text(at)
+    assert at.query_params["retired"] == "yes"
 
 
 def test_results_page_shows_evaluations_curves_and_mlflow_side_by_side(dashboard_env):
@@ -155,6 +157,10 @@ def test_results_page_shows_evaluations_curves_and_mlflow_side_by_side(dashboard
     assert mlflow.loc["on-policy", "buffer.replay_ratio"] == "0.0"  # the parameter that differs is shown
     assert not at.warning
     assert charts(at) >= 4  # per-benchmark curves, reward, pass@1, MLflow average pass@1
+    links = at.dataframe[2].value.set_index("run")  # each run's MLflow run (a local store has no web page)
+    for name, mlflow_id in t.sql("select name, mlflow_run_id from runs"):
+        row = links.loc[[r for r in links.index if r.startswith(f"{name} (")][0]]
+        assert row["MLflow run"] == mlflow_id and row["MLflow page"] is None
 
 
 PAGES = ["runs", "buffer", "entropy", "experience", "results"]

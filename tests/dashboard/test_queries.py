@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 
 from dashboard import queries as Q
@@ -52,6 +53,15 @@ def test_entropy_histograms_count_and_sum_every_trajectory_in_range(trained, by)
             "and 6 and t.entropy is not null group by g.k", r=rid)}
         assert totals["n"].sum() == sum(n for _, n, _ in fresh)
     assert {g: (int(r.n), pytest.approx(r["sum"])) for g, r in totals.iterrows()} == expect
+    if by != "source":  # each group's smallest and largest entropy are the database's
+        ranges = {str(g): (lo, hi) for g, lo, hi in trained.sql(
+            "select g.k, min(t.entropy), max(t.entropy) from trajectories t join group_results g on g.run_id="
+            "t.run_id and g.question_id=t.question_id and g.step=t.collected_step where t.run_id=:r and t.step "
+            "between 2 and 6 and t.entropy is not null group by g.k" if by == "bucket" else
+            "select case when reward > 0 then 'correct' else 'incorrect' end, min(entropy), max(entropy) from "
+            "trajectories where run_id=:r and step between 2 and 6 and entropy is not null group by 1", r=rid)}
+        got = hist.groupby("group").agg(lo=("lo", "min"), hi=("hi", "max"))
+        assert {g: (pytest.approx(r.lo), pytest.approx(r.hi)) for g, r in got.iterrows()} == ranges
     mean = hist["sum"] / hist["n"]  # every bin's mean lies inside the bin
     assert ((mean >= hist["bin"] * Q.BIN_WIDTH - 1e-9) & (mean < (hist["bin"] + 1) * Q.BIN_WIDTH + 1e-9)).all()
 
@@ -85,6 +95,9 @@ def test_question_search_filters_and_pages(trained):
     text = first.text.iloc[0]
     found, _ = Q.search_questions(url, rid, text=text)
     assert text in set(found.text)
+    rolled, n_rolled = Q.search_questions(url, rid, rolled_out=True, limit=1000)
+    assert n_rolled == trained.one("select count(*) from question_states where run_id=:r and n_groups > 0", r=rid)
+    assert (rolled.n_groups > 0).all() and len(rolled) == n_rolled
 
 
 def test_question_history_and_trajectory_pages(trained):
@@ -98,6 +111,44 @@ def test_question_history_and_trajectory_pages(trained):
     rest, _ = Q.question_trajectories(url, rid, qid, offset=3, limit=1000)
     assert n == stored and len(page) == min(3, stored) and len(page) + len(rest) == stored
     assert set(page.id).isdisjoint(rest.id)
+    steps = list(pd.concat([page, rest]).collected_step)
+    assert steps == sorted(steps, reverse=True)  # newest group first: a page holds whole groups
+    for correct in (True, False):
+        for replayed in (True, False):
+            rows, n = Q.question_trajectories(url, rid, qid, correct=correct, replayed=replayed, limit=1000)
+            assert n == len(rows) == trained.one(
+                "select count(*) from trajectories where run_id=:r and question_id=:q and (reward > 0) = :c and "
+                "(times_replayed > 0) = :p", r=rid, q=qid, c=correct, p=replayed)
+            assert ((rows.reward > 0) == correct).all() and ((rows.times_replayed > 0) == replayed).all()
+
+
+def test_replays_per_bucket_equal_the_stores_count(trained):
+    from exgrpo_core.store.experience_store import ExperienceStore
+
+    store = ExperienceStore(trained.db_url)
+    try:
+        for rid in trained.ids.values():
+            got = Q.replay_buckets(trained.db_url, rid)
+            assert dict(zip(got.k, got.replayed)) == store.replay_buckets(rid)
+        assert store.replay_buckets(trained.ids["exgrpo"]), "the tiny exgrpo run replayed nothing"
+    finally:
+        store.close()
+
+
+def test_target_weights_are_the_runs_normalised_bucket_weights(trained):
+    from exgrpo_core.algorithm.selection import bucket_weights
+
+    weights, weighting = Q.target_weights(trained.db_url, trained.ids["exgrpo"])
+    expect = bucket_weights(8, "gaussian", 1.0, "count")  # the tiny preset's selection defaults
+    assert weighting == "gaussian" and set(weights) == set(range(1, 8))
+    assert weights == pytest.approx({k: w / sum(expect.values()) for k, w in expect.items()})
+    assert Q.target_weights(trained.db_url, "no-such-run") == ({}, "unknown run")
+
+
+def test_metric_keys_are_the_logged_ones(trained):
+    rid = trained.ids["on-policy"]
+    assert Q.metric_keys(trained.db_url, (rid,)) == sorted(
+        k for (k,) in trained.sql("select distinct key from step_metrics where run_id=:r", r=rid))
 
 
 def test_eval_results_come_from_the_runs_evaluations(trained):

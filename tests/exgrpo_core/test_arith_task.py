@@ -1,5 +1,6 @@
 """The generated arithmetic task and the tiny model's supervised warm start (issue 15, part 1)."""
 
+import json
 import re
 
 import pytest
@@ -59,3 +60,22 @@ def test_warm_start_is_cached_by_its_settings(tmp_path, monkeypatch):
     monkeypatch.setattr(warm_start, "fine_tune", lambda *a, **k: pytest.fail("retrained a cached warm start"))
     assert warm_start.warm_started(tiny, warm) == folder
     assert warm_start.cache_dir(tiny, {**warm, "steps": 3}) != folder
+
+
+def test_warm_start_weights_do_not_depend_on_the_thread_count(tmp_path, monkeypatch):
+    import torch
+
+    tiny = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+    warm = {"steps": 6, "lr": 3e-3, "batch_size": 48, "seed": 0}
+    before = torch.get_num_threads()
+    shas = []
+    for threads, cache in ((2, "a"), (1, "b")):
+        monkeypatch.setenv("EXGRPO_CACHE", str(tmp_path / cache))
+        torch.set_num_threads(threads)
+        try:
+            folder = warm_start.warm_started(tiny, warm)
+        finally:
+            torch.set_num_threads(before)
+        shas.append(warm_start.weights_sha256(folder))
+        assert json.loads((folder / "exgrpo_warm_start.json").read_text())["sha256"] == shas[-1]
+    assert shas[0] == shas[1] and torch.get_num_threads() == before

@@ -47,8 +47,8 @@ def test_files_and_folders_are_fsynced_before_the_rename(tmp_path, monkeypatch):
                                                  real_fsync(fd))[1])
     monkeypatch.setattr(Path, "rename", lambda self, to: (events.append(("rename", str(self))),
                                                           real_rename(self, to))[1])
-    ckpt = _save(tmp_path, 7)
-    tmp = str(ckpt.with_name(".tmp_step_000007"))
+    ckpt = _save(tmp_path, 7)  # after 0-based step 7: 8 steps completed
+    tmp = str(ckpt.with_name(".tmp_step_000008"))
     renamed = events.index(("rename", tmp))
     synced_before = {p for kind, p in events[:renamed] if kind == "fsync"}
     for p in ckpt.rglob("*"):
@@ -63,7 +63,7 @@ def test_resume_skips_a_damaged_latest_checkpoint_with_a_warning(tmp_path, victi
     _truncate(new / victim)
     with pytest.warns(UserWarning, match=f"checkpoint {new} is damaged \\({victim} has"):
         assert checkpoint.resume_point(tmp_path) == old
-    assert not new.exists() and (new.parent / ".damaged_step_000002").is_dir()
+    assert not new.exists() and (new.parent / ".damaged_step_000003").is_dir()
 
 
 def test_no_intact_checkpoint_is_one_line_naming_the_path(tmp_path):
@@ -83,8 +83,8 @@ def test_session_resumes_from_the_older_checkpoint_when_the_latest_is_truncated(
         s.step = step
         s.save()
     s.close()
-    _truncate(s.run_dir / "checkpoints" / "step_000001" / "model.safetensors")
-    with pytest.warns(UserWarning, match="step_000001 is damaged"):
+    _truncate(s.run_dir / "checkpoints" / "step_000002" / "model.safetensors")  # the latest: 2 steps done
+    with pytest.warns(UserWarning, match="step_000002 is damaged"):
         s2 = open_session(cfg, verify=never)
     try:
         assert s2.resumed_from == 0 and s2.step == 1

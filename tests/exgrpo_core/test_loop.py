@@ -8,6 +8,7 @@ import torch
 from exgrpo_core import loop
 from exgrpo_core.config_io import load_config
 from exgrpo_core.session import open_session
+from exgrpo_core.types import Question
 
 
 def half_right(texts, answers):
@@ -128,7 +129,7 @@ def test_truncated_responses_are_graded_or_zeroed_and_the_rewarded_ones_counted(
 
     cfg = load_config("tiny", ["buffer.replay_ratio=0", f"reward.truncated={rule}"])
     rows = [loop.Rollout("q", [1], [2], [0.0], "12", cut, 0) for cut in (True, True, False)]
-    s = SimpleNamespace(cfg=cfg, replay_active=False, step=0, questions={"q": SimpleNamespace(answer="12")},
+    s = SimpleNamespace(cfg=cfg, replay_active=False, step=0, questions={"q": Question("q", (), "12")},
                         verify=lambda texts, answers: [(1.0, "correct"), (0.0, "wrong"), (1.0, "correct")])
     stats = loop.verify(s, rows)
     assert stats["verify/truncated_rewarded"] == 1  # the first: cut at the length limit, yet rewarded

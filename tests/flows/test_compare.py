@@ -102,10 +102,10 @@ def test_cli_unknown_arm_exits_2_before_any_work(tmp_path):
 
 # ---- the table from stored metrics --------------------------------------------------------------------
 
-def _child(store: ExperienceStore, plan: list[tuple[int, int, int]], rewards: list[float]) -> str:
+def _child(store: ExperienceStore, plan: list[tuple[int, int, int]], rewards: list[float], name: str = "") -> str:
     """A stored run whose step i had plan[i] = (fresh groups, experiential groups, replayed) at K = 8."""
     run_id = uuid.uuid4().hex
-    store.start_run(run_id, f"c-{run_id[:6]}", "tiny", {}, 8)
+    store.start_run(run_id, name or f"c-{run_id[:6]}", "tiny", {}, 8)
     store.register_questions(run_id, [Question(uid=f"q{i}", messages=({"role": "user", "content": f"{i} {run_id}"},),
                                                answer="1") for i in range(16)])
     for step, ((fresh, exp, replayed), w) in enumerate(zip(plan, rewards)):

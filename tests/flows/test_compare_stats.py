@@ -59,6 +59,7 @@ def test_step_zero_evaluation_area_and_per_question_results(tmp_path):
     assert c["heldout_step"] == [-1, 1, 3] and c["heldout_responses"] == [0.0, 16, 32]
     assert row["heldout_start"] == 0.2 and row["heldout_auc"] == pytest.approx((0.6 + 0.8) / 4)  # x = 0, 2, 4
     assert c["buckets"]["2"] == [0, 1, 2, 3] and row["target_weights"] == {1: 1.0}
+    assert row["bucket_occupancy"][2] == pytest.approx(1.5)  # mean size of bucket 2 over the 4 steps
     assert out["questions"]["first"] == {"step": -1, "correct": {"q0": 1}, "n": {"q0": 4}}
     assert out["questions"]["last"]["step"] == 3 and out["questions"]["last"]["correct"] == {"q0": 3}
     store.close()
@@ -66,7 +67,8 @@ def test_step_zero_evaluation_area_and_per_question_results(tmp_path):
 
 def _row(arm, seed, final, start, auc, reach, buckets=None):
     return {"arm": arm, "seed": seed, "heldout_avg": final, "heldout_start": start, "heldout_auc": auc,
-            "responses_to_target": reach, "replay_buckets": buckets or {}, "target_weights": {1: 1.0, 2: 3.0}}
+            "responses_to_target": reach, "replay_buckets": buckets or {}, "target_weights": {1: 1.0, 2: 3.0},
+            "bucket_occupancy": {1: seed + 1.0, 2: 10.0 * seed}}
 
 
 def test_paired_statistics_against_on_policy_use_matched_seeds_only():
@@ -86,6 +88,7 @@ def test_paired_statistics_against_on_policy_use_matched_seeds_only():
     md = "\n".join(compare_stats.markdown(compare_stats.paired_stats(rows), compare_stats.replay_buckets(rows)))
     assert "| exgrpo | final held-out pass@1 | 3/3 | 0.620 | 0.550 | +0.070 |" in md
     assert "| exgrpo | 2 (0.25 vs 0.25) | 6 (0.75 vs 0.75) |" in md
+    assert "| exgrpo: mean questions in bucket | 2.5 | 15.0 |" in md  # seeds 0-3: (1+2+3+4)/4, (0+10+20+30)/4
 
 
 def test_noise_is_called_noise():
@@ -108,3 +111,16 @@ def test_a_finished_child_is_read_back_and_an_unfinished_one_trains(tmp_path):
     store.close()
     assert finished_summary(cfg) == {"run_id": run, "run_dir": str(run_dir), "mlflow_run_id": "m1"}
     assert finished_summary(cfg.model_copy(update={"run": cfg.run.model_copy(update={"steps": 5})})) is None
+
+
+def test_collapsed_runs_are_counted_and_tested_on_paired_seeds():
+    nan = math.nan
+    rows = [_row("on_policy", s, 0.01, 0.3, 0.1, nan) for s in range(6)]  # every on_policy seed collapses
+    rows += [_row("exgrpo", s, 0.2, 0.3, 0.2, nan) for s in range(6)]  # none of exgrpo's (0.2 >= 0.15)
+    rows += [_row("exgrpo", 9, 0.1, 0.3, 0.1, nan)]  # unpaired and collapsed
+    c = compare_stats.collapses(rows)
+    assert c["on_policy"]["collapsed"] == 6 and c["exgrpo"]["collapsed"] == 1 and c["exgrpo"]["runs"] == 7
+    assert (c["exgrpo"]["only_arm"], c["exgrpo"]["only_baseline"], c["exgrpo"]["paired_seeds"]) == (0, 6, 6)
+    assert c["exgrpo"]["p_mcnemar"] == pytest.approx(2 / 64)
+    md = "\n".join(compare_stats.markdown(compare_stats.paired_stats(rows), {}, c))
+    assert "| exgrpo | 1 / 7 | 6 | 0 | 6 | 0.031 | fewer collapses |" in md

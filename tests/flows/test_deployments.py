@@ -15,6 +15,7 @@ from prefect.utilities.schema_tools import validate
 
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import load_config
+from flows.train_params import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = yaml.safe_load((ROOT / "prefect.yaml").read_text())
@@ -50,6 +51,8 @@ def test_deployment_defaults_pass_the_servers_parameter_validation(name):
     assert set(params) <= set(schema["properties"]), "deployment sets a parameter the flow does not take"
     assert validate(params, schema, raise_on_error=False, preprocess=True) == []
     assert schema["properties"]["preset"]["type"] == "string"
+    if name == "exgrpo-train":  # a select box of the shipped presets
+        assert schema["properties"]["preset"]["enum"] == list(PRESETS)
     overrides = schema["properties"]["overrides"]["anyOf"]
     assert {"type": "array", "items": {"type": "string"}} in overrides and {"type": "null"} in overrides
 
@@ -85,7 +88,7 @@ def test_train_config_form_is_the_documented_config_tree():
         for field, spec in sub.get("properties", {}).items():
             # field docstrings become the form's help text
             assert spec.get("description"), f"config.{section}.{field} has no description in the form"
-    for name in ("preset", "overrides", "config"):  # from the flow docstring's Args: section
+    for name in ("preset", "run_name", "steps", "replay_ratio", "seed", "overrides", "config"):  # docstring Args:
         assert schema["properties"][name].get("description"), f"train parameter {name} has no help text"
     group = _resolve(schema, root["properties"]["rollout"])["properties"]["group_size"]
     assert "K responses per question" in group["description"] and group["default"] == 8
@@ -107,3 +110,20 @@ def test_the_form_rejects_a_wrong_type_like_the_server_does():
     bad["rollout"]["group_size"] = "eight"
     errors = validate({"preset": "tiny", "config": bad}, schema, raise_on_error=False, preprocess=True)
     assert errors and "eight" in str(errors)
+
+
+def test_the_train_form_has_typed_run_fields_checked_like_the_server_does():
+    schema = _schema("exgrpo-train")
+    props = schema["properties"]
+    assert [p for p in props if props[p]["position"] < 6] == ["preset", "run_name", "steps", "replay_ratio",
+                                                                "seed", "overrides"]
+    assert {"type": "string"} in props["run_name"]["anyOf"]
+    assert {"type": "integer", "minimum": 1} in props["steps"]["anyOf"]
+    assert {"type": "number", "minimum": 0, "exclusiveMaximum": 1} in props["replay_ratio"]["anyOf"]
+    assert {"type": "integer"} in props["seed"]["anyOf"]
+    ok = {"preset": "cpu-demo", "run_name": "a", "steps": 4, "replay_ratio": 0.0, "seed": 3, "overrides": []}
+    assert validate(ok, schema, raise_on_error=False, preprocess=True) == []
+    for bad in ({"preset": "configs/mine.yaml"}, {"steps": 0}, {"replay_ratio": 1.0}, {"seed": "x"}):
+        assert validate({**ok, **bad}, schema, raise_on_error=False, preprocess=True), bad
+    assert {k: DEPLOYMENTS["exgrpo-train"]["parameters"][k] for k in ("run_name", "steps", "replay_ratio", "seed")} == {
+        "run_name": None, "steps": None, "replay_ratio": None, "seed": None}  # empty: a new run, the preset's values

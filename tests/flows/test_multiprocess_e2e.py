@@ -125,7 +125,7 @@ def test_two_processes_train_and_resume_exactly(tmp_path, prefect_server, tiny_o
         (status, step), = _rows(db, "select status, step from runs where name='mp'")
         assert status == "finished" and step == 7
         ckpt = latest_checkpoint(tmp_path / "runs" / "mp")
-        assert ckpt.name == "step_000007" and (ckpt / "optimizer").is_dir() and list(ckpt.glob("*.safetensors"))
+        assert ckpt.name == "step_000008" and (ckpt / "optimizer").is_dir() and list(ckpt.glob("*.safetensors"))
 
 
 @pytest.mark.parametrize("sharding", ["replicate", "fsdp2"])

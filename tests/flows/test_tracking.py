@@ -97,3 +97,26 @@ def test_a_kill_while_mlflow_creates_its_store_leaves_no_half_built_store(tmp_pa
     run.log_metrics({"a": 1.0}, 0)
     run.end("FINISHED")
     assert (tmp_path / "mlflow.db").exists()
+
+
+def test_experiments_are_marked_model_training_new_or_existing_but_a_users_kind_stays(tmp_path):
+    """MLflow 3 opens an unmarked experiment in its GenAI view: ours say `custom_model_development`."""
+    import mlflow
+
+    from exgrpo_core.config import ExGRPOConfig
+    from flows.tracking import EXPERIMENT_KIND_TAG, MlflowRun
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    kinds = {}
+    for name, existing in (("new", None), ("old", {}), ("genai", {EXPERIMENT_KIND_TAG: "genai_development"})):
+        cfg = ExGRPOConfig()
+        cfg.run.mlflow_tracking_uri, cfg.run.mlflow_experiment = uri, name
+        if existing is not None:  # made before (by an older version, or by the user)
+            mlflow.MlflowClient(uri).create_experiment(name, artifact_location=(tmp_path / name).as_uri(),
+                                                       tags=existing)
+        run = MlflowRun(cfg, None, tags={})
+        run.end()
+        assert run.experiment_url.endswith(f"/#/experiments/{run.experiment_id}?workflowType=machine_learning")
+        kinds[name] = mlflow.MlflowClient(uri).get_experiment_by_name(name).tags.get(EXPERIMENT_KIND_TAG)
+    assert kinds == {"new": "custom_model_development", "old": "custom_model_development",
+                     "genai": "genai_development"}

@@ -42,8 +42,9 @@ def _run_cli(args, timeout=600):
 
 def test_tiny_training_run_end_to_end(tmp_path, prefect_server, tiny_overrides):
     steps = 10
-    out = _run_cli(["train", "--config", "configs/tiny.yaml", *sum((["--set", o] for o in tiny_overrides), []),
-                    "--set", f"run.steps={steps}", "--set", "run.name=e2e"])
+    args = ["train", "--config", "configs/tiny.yaml", *sum((["--set", o] for o in tiny_overrides), []),
+            "--set", f"run.steps={steps}", "--set", "run.name=e2e"]
+    out = _run_cli(args)
     assert f"step {steps:>4}/{steps}" in out, out[-3000:]
     db = tmp_path / "exp.db"
     (run_id, status, step, replay_started, K), = _rows(
@@ -90,6 +91,15 @@ def test_tiny_training_run_end_to_end(tmp_path, prefect_server, tiny_overrides):
     assert not undeclared, f"undeclared metrics were logged: {undeclared}"
     assert len(client.get_metric_history(mlflow_id, M.REWARD_MEAN)) == steps
     assert run.data.params["rollout.group_size"] == str(K)
+
+    # rerun with the same command: the run is finished, so nothing trains and it says so (no green no-op)
+    proc = _cli(args)
+    out, _ = proc.communicate(timeout=600)
+    flat = " ".join(out.split())  # rich wraps long lines
+    assert proc.returncode == 2 and f"error: run 'e2e' already finished {steps} steps: nothing trained" in flat, out
+    assert "Traceback" not in out and "ExGRPO preset=" not in out  # the preflight stops it before the flow
+    again = client.get_run(mlflow_id).info
+    assert (again.status, again.end_time) == (run.info.status, run.info.end_time)
 
 
 def test_killed_run_resumes_from_checkpoint(tmp_path, prefect_server, tiny_overrides):

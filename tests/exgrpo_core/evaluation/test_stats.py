@@ -64,3 +64,9 @@ def test_replay_vs_target_shares():
     rows = stats.replay_vs_target({3: 6, 4: 2}, {3: 1.0, 4: 1.0, 5: 2.0})
     assert [(r["k"], r["replayed"], r["share"], r["target"]) for r in rows] == [
         (3, 6, 0.75, 0.25), (4, 2, 0.25, 0.25), (5, 0, 0.0, 0.5)]
+
+
+def test_mcnemar_exact_by_hand():
+    assert stats.mcnemar_exact(0, 6) == pytest.approx(2 / 64)  # all 6 discordant pairs one way
+    assert stats.mcnemar_exact(5, 1) == pytest.approx(2 * 7 / 64)  # (C(6,0) + C(6,1)) / 2^6, two-sided
+    assert stats.mcnemar_exact(3, 3) == 1.0 and stats.mcnemar_exact(0, 0) == 1.0

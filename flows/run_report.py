@@ -1,0 +1,159 @@
+"""What a training flow run shows in Prefect and which links tie it to MLflow and the dashboard.
+
+- task runs named by stage and 1-based step (`rollout step 12`), as the progress lines count;
+- the per-step line `exgrpo train` prints, in the flow run's logs (sent to the API only: the CLI
+  prints its own);
+- a progress artifact over the steps, and a markdown artifact with the run's summary and links to its
+  MLflow run, the experiment and the dashboard page;
+- tags for the MLflow run pointing back: the Prefect flow run (id, name, URL), git commit, command line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.logging.handlers import APILogHandler
+from prefect.runtime import deployment as current_deployment, flow_run as current_flow_run
+
+ROOT = Path(__file__).resolve().parents[1]
+DASHBOARD_ENV = "EXGRPO_DASHBOARD_URL"
+DASHBOARD_DEFAULT = "http://127.0.0.1:8501"  # `exgrpo dashboard`'s default address
+
+_steps_log = logging.getLogger("exgrpo.flow_steps")
+if not _steps_log.handlers:
+    _steps_log.addHandler(APILogHandler())
+    _steps_log.setLevel(logging.INFO)
+    _steps_log.propagate = False  # the API only: the terminal gets the CLI's own line
+
+
+def step_line(step: int, total: int, m: dict) -> str:
+    """The per-step progress line (0-based `step` shown 1-based)."""
+    return (f"step {step + 1:>4}/{total} | reward {m.get('rollout/reward_mean', 0):.3f} "
+            f"| fresh pass@1 {m.get('rollout/fresh_pass1', 0):.3f} "
+            f"| buffer {int(m.get('buffer/questions', 0))} q / {int(m.get('buffer/trajectories', 0))} traj "
+            f"| retired {int(m.get('buffer/retired_questions', 0))} "
+            f"| replay {'on ' if m.get('buffer/replay_active') else 'off'} "
+            f"({int(m.get('select/replayed_samples', 0))}) "
+            f"| loss {m.get('loss/total', 0):+.4f} | {m.get('perf/iteration_s', 0):.1f} s")
+
+
+def stage_name(stage: str, step: int) -> str:
+    """Task run name of a stage at 0-based `step` (`rollout step 12`); a negative step is the start."""
+    return f"{stage} step {step + 1}" if step >= 0 else f"{stage} at start"
+
+
+def artifact_key(run_name: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes) for a run name."""
+    return "exgrpo-" + (re.sub(r"[^a-z0-9]+", "-", run_name.lower()).strip("-") or "run")
+
+
+def dashboard_url(run_id: str) -> str:
+    return f"{os.environ.get(DASHBOARD_ENV, DASHBOARD_DEFAULT).rstrip('/')}/?run={run_id}"
+
+
+def git_commit() -> str | None:
+    """HEAD of the checkout the code runs from, with `-dirty` when tracked files changed; None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def flow_run_url() -> str | None:
+    """The flow run's page in the Prefect UI (PREFECT_UI_URL, else the API's address without `/api`)."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.utilities.urls import url_for
+
+    run_id = current_flow_run.get_id()
+    api = os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
+    base = api.rstrip("/").removesuffix("/api") if api else None
+    return url_for("flow-run", obj_id=run_id, default_base_url=base) if run_id else None
+
+
+def link_tags(cli_equivalent: str | None) -> dict[str, str]:
+    """MLflow run tags naming where the run came from. `mlflow.source.git.commit` is MLflow's own key
+    (shown as the run's source version); a `-dirty` suffix goes to `exgrpo.git_dirty` instead."""
+    commit = git_commit()
+    tags = {"prefect.flow_run_id": current_flow_run.get_id(), "prefect.flow_run_name": current_flow_run.get_name(),
+            "prefect.flow_run_url": flow_run_url(), "prefect.deployment_id": current_deployment.id,
+            "exgrpo.command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else None,
+            "exgrpo.cli_equivalent": cli_equivalent}
+    if commit:
+        tags["mlflow.source.git.commit"] = commit.removesuffix("-dirty")
+        tags["exgrpo.git_dirty"] = str(commit.endswith("-dirty")).lower()
+    return {k: str(v) for k, v in tags.items() if v}
+
+
+def cli_equivalent(preset: str, sets: list[str]) -> str:
+    """`exgrpo train` command that trains what a form run trains."""
+    return shlex.join(["exgrpo", "train", "--config", preset, *[a for s in sets for a in ("--set", s)]])
+
+
+class FlowRunReport:
+    """Progress and summary artifacts plus per-step log lines of one training flow run."""
+
+    def __init__(self, run_name: str, total: int):
+        self.run_name, self.total = run_name, total
+        self.key = artifact_key(run_name)
+        self.progress_id = None
+
+    def links_markdown(self, tracker, run_id: str) -> str:
+        parts = [f"[MLflow run]({tracker.run_url})", f"[MLflow experiment]({tracker.experiment_url})",
+                 f"[dashboard]({dashboard_url(run_id)})"]
+        text = " · ".join(parts)
+        if not tracker.uri.startswith(("http://", "https://")):
+            text += f" (local MLflow store: start `mlflow ui --backend-store-uri {tracker.uri}` first)"
+        return text
+
+    def start(self, first_step: int, tracker, run_id: str) -> None:
+        self.progress_id = create_progress_artifact(
+            progress=100.0 * first_step / self.total, key=f"{self.key}-progress",
+            description=f"Training `{self.run_name}`: steps done of {self.total}. "
+                        + self.links_markdown(tracker, run_id))
+
+    def step(self, step: int, stats: dict) -> None:
+        """Log the step's line to the flow run and move the progress artifact."""
+        _steps_log.info(step_line(step, self.total, stats))
+        if self.progress_id is not None:
+            update_progress_artifact(self.progress_id, 100.0 * (step + 1) / self.total)
+
+    def summary(self, *, summary: dict, cfg, tracker, checkpoint: dict | None, pictures: str | None) -> None:
+        """The markdown artifact of a finished run."""
+        m = summary.get("last_metrics") or {}
+        rows = [("status", f"finished, {summary['steps']} of {cfg.run.steps} steps"),
+                ("preset / model", f"{cfg.preset} / `{cfg.model.name_or_path}`"),
+                ("run id / folder", f"`{summary['run_id']}` / `{summary['run_dir']}`"),
+                ("replay", "active" if summary.get("replay_active") else "never switched on"),
+                ("last step", step_line(summary["steps"] - 1, cfg.run.steps, m) if m else "(no step trained now)")]
+        avg = (summary.get("eval") or {}).get("average", {}).get("pass@1")
+        if avg is not None:
+            rows.append(("final evaluation", f"average pass@1 {100 * avg:.1f}%"))
+        if checkpoint:
+            rows.append(("checkpoint", f"`{checkpoint['path']}` (manifest SHA-256 `{checkpoint['manifest_sha256']}`)"))
+        if pictures:
+            rows.append(("pictures", f"MLflow artifacts `{pictures}` (entropy, buckets, replays)"))
+        self._markdown(f"# ExGRPO run `{self.run_name}`", rows, self.links_markdown(tracker, summary["run_id"]))
+
+    def nothing_trained(self, message: str, mlflow_run_id: str | None, run_id: str | None) -> None:
+        rows = [("status", "already finished: nothing trained"), ("why", message)]
+        if mlflow_run_id:
+            rows.append(("MLflow run", f"`{mlflow_run_id}`"))
+        links = f"[dashboard]({dashboard_url(run_id)})" if run_id else ""
+        self._markdown(f"# ExGRPO run `{self.run_name}`: nothing trained", rows, links)
+
+    def _markdown(self, title: str, rows: list[tuple[str, str]], links: str) -> None:
+        table = "\n".join(f"| {k} | {v.replace('|', '/')} |" for k, v in rows)
+        create_markdown_artifact(f"{title}\n\n| | |\n|---|---|\n{table}\n\n{links}\n", key=self.key,
+                                 description=f"ExGRPO run {self.run_name}")

@@ -1,0 +1,89 @@
+"""The training flow's run form and which run a flow run trains.
+
+The form (Prefect's deployment "Run" page) offers the shipped presets as a choice, typed fields for
+the usual changes (`run_name`, `steps`, `replay_ratio`, `seed`) and the free `overrides` list. A run
+started from the form without a run name is a new run named `<preset>-<flow run name>-<4 hex of
+the flow run id>`, so clicking Run twice trains twice; a given run name continues that run as
+`exgrpo train` does. A run that already trained all its steps is never resumed silently:
+`finished_run` says so and the flow ends `Cancelled` ("AlreadyFinished") without touching it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
+
+from exgrpo_core.config import ExGRPOConfig
+from exgrpo_core.config_io import PRESETS_DIR, load_config
+
+PRESETS = tuple(sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
+# A string whose form is a select box of the shipped presets; Python callers may still pass a YAML path.
+Preset = Annotated[str, Field(json_schema_extra={"enum": list(PRESETS)})]
+Steps = Annotated[int | None, Field(ge=1)]
+ReplayRatio = Annotated[float | None, Field(ge=0, lt=1)]
+
+# typed form fields -> the config key each one sets
+class AlreadyFinishedError(RuntimeError):
+    """The run to resume already trained all its steps (the CLI's one-line error)."""
+
+
+TYPED_KEYS = {"run_name": "run.name", "steps": "run.steps", "replay_ratio": "buffer.replay_ratio", "seed": "run.seed"}
+
+
+def form_overrides(overrides: list[str] | None, **typed) -> list[str]:
+    """The overrides list followed by one `key=value` per typed field that is set (typed fields win)."""
+    out = list(overrides or [])
+    out += [f"{TYPED_KEYS[k]}={v}" for k, v in typed.items() if v is not None]
+    return out
+
+
+def names_a_run(overrides: list[str]) -> bool:
+    """Whether the overrides choose the run's name (then the run is resumed by that name)."""
+    return any(o.split("=", 1)[0].strip() == "run.name" for o in overrides)
+
+
+def new_run_name(preset_name: str, flow_run_name: str | None, flow_run_id) -> str:
+    """`<preset>-<flow run name>-<first 4 hex digits of the flow run id>`: one new run per flow run."""
+    tail = str(flow_run_id).replace("-", "")[:4] if flow_run_id else ""
+    return "-".join(p for p in (preset_name, flow_run_name or "run", tail) if p)
+
+
+def run_config(params: dict, flow_run_name: str | None = None,
+               flow_run_id=None) -> tuple[ExGRPOConfig, list[str] | None]:
+    """The config a train flow run with these parameters trains (also used by the flow's hooks), and the
+    overrides that give it from the preset (None when `config` was given).
+
+    `config` is used as is (the CLI and the comparison: resume by name). Otherwise preset + overrides +
+    typed fields; without a run name a new run named after the flow run (run.resume=never)."""
+    if params.get("config"):
+        cfg = params["config"]
+        return (cfg if isinstance(cfg, ExGRPOConfig) else ExGRPOConfig.model_validate(cfg)), None
+    preset = params.get("preset") or "tiny"
+    sets = form_overrides(params.get("overrides"), **{k: params.get(k) for k in TYPED_KEYS})
+    cfg = load_config(preset, sets)
+    if names_a_run(sets):
+        return cfg, sets
+    sets += [f"run.name={new_run_name(cfg.preset, flow_run_name, flow_run_id)}", "run.resume=never"]
+    return load_config(preset, sets), sets
+
+
+def finished_run(cfg: ExGRPOConfig) -> dict | None:
+    """When the run `cfg` names already finished all run.steps (resuming it would train nothing): its
+    database row plus `message`, one line saying so and what to do; else None. Reads only the run
+    folder and the run's database row."""
+    from exgrpo_core.checkpoint import latest_checkpoint
+    from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
+
+    run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
+    if cfg.run.resume == "never" or latest_checkpoint(run_dir) is None:
+        return None
+    with ExperienceStore(resolve_db_url(cfg.run.db_url, run_dir)) as store:
+        run_id = store.find_run_by_name(cfg.run.name)
+        row = store.get_run(run_id) if run_id else None
+    if row is None or row["status"] != "finished" or row["step"] + 1 < cfg.run.steps:
+        return None
+    return {**row, "message": (
+        f"run '{cfg.run.name}' already finished {row['step'] + 1} steps: nothing trained. Raise run.steps to "
+        "continue it, or start a new run (another run name; from the Prefect form: leave run_name empty)")}
