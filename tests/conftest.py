@@ -6,6 +6,7 @@ asks for it) and every flow run in the session, in-process or in a subprocess, t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -55,7 +56,8 @@ def prefect_server():
         raise RuntimeError("Prefect server did not become healthy within 180 s")
     old = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = url
-    yield url
+    with _prefect_settings(url):
+        yield url
     if old is None:
         os.environ.pop("PREFECT_API_URL", None)
     else:
@@ -67,6 +69,19 @@ def prefect_server():
         proc.kill()
     log.close()
     shutil.rmtree(home, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _prefect_settings(url: str):
+    """Prefect reads PREFECT_API_URL when first imported, which in a full session is at collection,
+    before this fixture sets it: override the settings too, so in-process clients and flows use it."""
+    if "prefect" not in sys.modules:
+        yield
+        return
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield
 
 
 @pytest.fixture
