@@ -154,6 +154,23 @@ def pick_overlay(runs: pd.DataFrame) -> pd.DataFrame:
     return runs.set_index("id").loc[chosen].reset_index()
 
 
+def overlay_page(title: str, body: Callable, before: Callable | None = None) -> None:
+    """A page over one or more overlaid runs (Buffer, Entropy): title, sidebar, run picker, then
+    `before(url, chosen)` (a banner) and `body(url, chosen, names)`, redrawn live while training."""
+    st.title(title)
+    url = db.database_url()
+    sidebar(url)
+    runs = runs_or_stop(url)
+    chosen = pick_overlay(runs)
+    if chosen.empty:
+        st.info("Select one or more runs in the sidebar.")
+        return
+    if before is not None:
+        before(url, chosen)
+    run_names = names(runs)
+    live(chosen, lambda: body(url, chosen, run_names))
+
+
 def live(chosen: pd.DataFrame, body: Callable[[], None]) -> None:
     """Draw the page body; with the sidebar's auto-refresh on and a chosen run training, redraw it every
     `TTL_S` seconds (a fragment, so the sidebar and the pickers keep their state)."""

@@ -5,7 +5,7 @@ was active, and the importance-weight statistics (§3.3). Several runs are drawn
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, db, ui
+from dashboard import charts, ui
 from dashboard import monitor_banner
 from exgrpo_core import metrics as M
 
@@ -162,17 +162,7 @@ def body(url: str, chosen: pd.DataFrame, names: dict[str, str]) -> None:
 
 
 def render() -> None:
-    st.title("Buffer")
-    url = db.database_url()
-    ui.sidebar(url)
-    runs = ui.runs_or_stop(url)
-    chosen = ui.pick_overlay(runs)
-    if chosen.empty:
-        st.info("Select one or more runs in the sidebar.")
-        return
-    monitor_banner.render(url, tuple(chosen.id))
-    names = ui.names(runs)
-    ui.live(chosen, lambda: body(url, chosen, names))
+    ui.overlay_page("Buffer", body, before=lambda url, chosen: monitor_banner.render(url, tuple(chosen.id)))
 
 
 with ui.explained():

@@ -5,7 +5,7 @@ entropy of replayed trajectories over steps (low-entropy selection, §3.2). Seve
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, db, ui
+from dashboard import charts, ui
 from dashboard.queries import ENTROPY_DEFAULT_STEPS
 from exgrpo_core import metrics as M
 
@@ -101,16 +101,7 @@ def body(url: str, chosen: pd.DataFrame, names: dict[str, str]) -> None:
 
 
 def render() -> None:
-    st.title("Entropy")
-    url = db.database_url()
-    ui.sidebar(url)
-    runs = ui.runs_or_stop(url)
-    chosen = ui.pick_overlay(runs)
-    if chosen.empty:
-        st.info("Select one or more runs in the sidebar.")
-        return
-    names = ui.names(runs)
-    ui.live(chosen, lambda: body(url, chosen, names))
+    ui.overlay_page("Entropy", body)
 
 
 with ui.explained():
