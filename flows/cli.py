@@ -459,7 +459,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no phoning home from the API
     args = build_parser().parse_args(argv)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.fn is not cmd_train:
         console.print(f"[red]error[/red]: only `exgrpo train` runs in several processes; run `exgrpo "

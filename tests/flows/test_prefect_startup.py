@@ -24,3 +24,18 @@ def test_flows_raise_the_ephemeral_startup_timeout_unless_the_user_set_it():
 
     assert _timeout(None) == flows.EPHEMERAL_STARTUP_TIMEOUT_S > 20
     assert _timeout("33") == 33
+
+
+def test_flows_turn_the_api_servers_analytics_off_unless_the_user_set_it():
+    probe = ("import flows.train\nfrom prefect.settings import get_current_settings\n"
+             "print(get_current_settings().server.analytics_enabled)")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_SERVER_ANALYTICS_ENABLED"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+
+    def run(extra: dict) -> str:
+        out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**env, **extra}, capture_output=True,
+                             text=True, check=True)
+        return out.stdout.strip().splitlines()[-1]
+
+    assert run({}) == "False"
+    assert run({"PREFECT_SERVER_ANALYTICS_ENABLED": "true"}) == "True"
