@@ -6,7 +6,8 @@ One cpu-demo rollout batch (B questions of the preset's training set x K samples
 temperature and response length) is sampled by each mode in turn, round after round, with the same
 seed: `generate` (transformers' loop, the code before), `own-keep` (our loop with finished rows kept
 and the cache concatenated), `own-drop` (finished rows dropped), `own-noprefix` (dropped + the cache written in
-place), `own` (and the prompts' common prefix prefilled once: the default). The own modes must give identical tokens (checked). Reported per mode: median wall
+place), `own` (and the prompts' common prefix prefilled once: the default), `own-s2` (in two concurrent parts,
+`rollout.decode_streams=2`: run it with `--threads 2`). The own modes must give identical tokens (checked). Reported per mode: median wall
 and CPU seconds, ratio to `generate` per round, row-steps executed vs useful (tokens up to each row's
 end), model FLOPs executed vs useful, and the floor = useful FLOPs / this machine's measured fp32
 matmul rate per CPU-second (`flops_meter.matmul_rate`), compared with the CPU seconds spent (on a
@@ -27,10 +28,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MODES = {"generate": dict(decoder="generate"),
-         "own-keep": dict(decoder="own", drop_finished=False, static_cache=False),
-         "own-drop": dict(decoder="own", drop_finished=True, static_cache=False),
-         "own-noprefix": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=10 ** 9),
-         "own": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=2)}
+         "own-keep": dict(decoder="own", drop_finished=False, static_cache=False, streams=1),
+         "own-drop": dict(decoder="own", drop_finished=True, static_cache=False, streams=1),
+         "own-noprefix": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=10 ** 9, streams=1),
+         "own": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=2, streams=1),
+         "own-s2": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=2, streams=2)}
 
 
 def main() -> None:
@@ -63,8 +65,9 @@ def main() -> None:
     engine = TransformersEngine(model, tok, top_p=cfg.rollout.top_p, batch_size=cfg.rollout.generation_batch_size)
     modes = args.modes.split(",")
     uptime = [subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()]
-    rate = matmul_rate(torch.get_num_threads())
-    print(f"matmul {rate / 1e9:.1f} GFLOP per CPU-second on {torch.get_num_threads()} thread(s)")
+    rate, wall_rate = matmul_rate(torch.get_num_threads()), matmul_rate(torch.get_num_threads(), wall=True)
+    print(f"matmul {rate / 1e9:.1f} GFLOP per CPU-second, {wall_rate / 1e9:.1f} per wall second "
+          f"on {torch.get_num_threads()} thread(s)")
     rows: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(args.rounds):
         ref = None
@@ -85,7 +88,7 @@ def main() -> None:
             executed, useful = decode_flops(model, prompts, K, lens, engine.row_steps)
             rows[m].append(dict(wall_s=wall, cpu_s=cpu, row_steps=engine.row_steps, useful_row_steps=sum(lens),
                                 tokens=sum(lens), executed_gflop=executed / 1e9, useful_gflop=useful / 1e9,
-                                floor_cpu_s=useful / rate))
+                                floor_cpu_s=useful / rate, floor_wall_s=useful / wall_rate))
             print(f"round {r} {m:9s} wall {wall:6.2f}s cpu {cpu:6.2f}s row-steps {engine.row_steps:5d} "
                   f"useful {sum(lens):5d} executed {executed / 1e9:6.1f} useful {useful / 1e9:6.1f} GFLOP", flush=True)
     uptime.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
@@ -95,14 +98,16 @@ def main() -> None:
         ratio = statistics.median(a["wall_s"] / b["wall_s"] for a, b in zip(rows[m], rows[modes[0]]))
         summary[m] = dict(wall_s=med("wall_s"), cpu_s=med("cpu_s"), ratio_to_first=ratio,
                           executed_gflop=med("executed_gflop"), useful_gflop=med("useful_gflop"),
-                          floor_cpu_s=med("floor_cpu_s"), cpu_over_floor=med("cpu_s") / med("floor_cpu_s"))
+                          floor_cpu_s=med("floor_cpu_s"), cpu_over_floor=med("cpu_s") / med("floor_cpu_s"),
+                          floor_wall_s=med("floor_wall_s"), wall_over_floor=med("wall_s") / med("floor_wall_s"))
         print(f"{m:9s} wall {summary[m]['wall_s']:6.2f}s (x{ratio:.2f} of {modes[0]}) cpu {summary[m]['cpu_s']:6.2f}s "
               f"executed/useful {summary[m]['executed_gflop']:.1f}/{summary[m]['useful_gflop']:.1f} GFLOP "
-              f"floor {summary[m]['floor_cpu_s']:.2f} cpu-s, cpu/floor {summary[m]['cpu_over_floor']:.2f}")
+              f"floor {summary[m]['floor_cpu_s']:.2f} cpu-s, cpu/floor {summary[m]['cpu_over_floor']:.2f}, "
+              f"wall/floor {summary[m]['wall_over_floor']:.2f}")
     out = Path(__file__).parent / "results" / f"decode_speed_{args.config}{'_' + args.tag if args.tag else ''}.json"
     out.write_text(json.dumps(dict(
         command="python " + " ".join(sys.argv), date=datetime.datetime.now().isoformat(timespec="seconds"),
-        threads=torch.get_num_threads(), matmul_gflops=rate / 1e9, uptime=uptime, shape=dict(questions=b, K=K, tokens=T),
+        threads=torch.get_num_threads(), matmul_gflops=rate / 1e9, matmul_wall_gflops=wall_rate / 1e9, uptime=uptime, shape=dict(questions=b, K=K, tokens=T),
         summary=summary, rounds=rows), indent=1))
     print("wrote", out, "|", *uptime, sep="\n")
 

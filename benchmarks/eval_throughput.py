@@ -5,7 +5,9 @@
     python benchmarks/eval_throughput.py --config cpu-demo --max-questions 78 --modes generate@32,own@32,own@160 --rounds 2
 
 `--modes decoder@batch,...` evaluates with each rollout-engine decoder (`generate`: transformers' loop,
-the code before; `own`: `rollout/decode.py`; `own-noprefix`: without the common-prefix prefill) and batch size in turn, round after round, same seed:
+the code before; `own`: `rollout/decode.py`; flags after a dash: `-noprefix` without the common-prefix prefill,
+`-tokens` tokens only (no log-probs / entropies: what evaluation now runs), `-s2` decoded in 2 concurrent
+parts (`rollout.decode_streams`)) and batch size in turn, round after round, same seed:
 the results file then holds each mode's median questions/s and its ratio to the first mode, with
 `uptime` before and after (a shared machine: compare ratios, not seconds).
 
@@ -95,6 +97,7 @@ def main() -> None:
 
 
 def compare_modes(args, cfg, items, model, tok, gen, pass_k) -> None:
+    import hashlib
     import statistics
     import subprocess
 
@@ -108,9 +111,10 @@ def compare_modes(args, cfg, items, model, tok, gen, pass_k) -> None:
         for r in range(args.rounds):
             for decoder, batch in modes:
                 engine = TransformersEngine(model, tok, top_p=gen["top_p"], batch_size=batch)
-                engine.decoder = decoder.removesuffix("-noprefix")
-                if decoder.endswith("-noprefix"):
-                    engine.min_prefix = 10 ** 9
+                engine.decoder, *flags = decoder.split("-")
+                engine.min_prefix = 10 ** 9 if "noprefix" in flags else 2
+                engine.scores = "tokens" not in flags  # evaluate_items's own engine computes tokens only
+                engine.streams = next((int(f[1:]) for f in flags if f[:1] == "s" and f[1:].isdigit()), 1)
                 c0 = time.process_time()
                 report = E.evaluate_items(model, tok, items, v.verify, pass_k=pass_k,
                                           **{**gen, "batch_size": batch}, engine=engine)
@@ -118,6 +122,7 @@ def compare_modes(args, cfg, items, model, tok, gen, pass_k) -> None:
                 rows[f"{decoder}@{batch}"].append(dict(
                     seconds=report.seconds, cpu_s=time.process_time() - c0, questions_per_s=q / report.seconds,
                     tokens=sum(x.response_tokens for x in report.questions), row_steps=engine.row_steps,
+                    responses_sha1=hashlib.sha1("\n\0".join(x.example for x in report.questions).encode()).hexdigest(),
                     pass_at_1=report.average["pass@1"]))
                 print(f"round {r} {decoder}@{batch}: {report.seconds:.1f} s, {q / report.seconds:.2f} questions/s, "
                       f"row-steps {engine.row_steps}, pass@1 {report.average['pass@1']:.3f}", flush=True)
@@ -125,6 +130,7 @@ def compare_modes(args, cfg, items, model, tok, gen, pass_k) -> None:
     first = next(iter(rows))
     summary = {m: dict(questions_per_s=statistics.median(x["questions_per_s"] for x in xs),
                        cpu_s=statistics.median(x["cpu_s"] for x in xs),
+                       cpu_speedup_vs_first=statistics.median(b["cpu_s"] / a["cpu_s"] for a, b in zip(xs, rows[first])),
                        speedup_vs_first=statistics.median(b["seconds"] / a["seconds"] for a, b in zip(xs, rows[first])))
                for m, xs in rows.items()}
     for m, x in summary.items():

@@ -148,7 +148,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="first steps dropped from the medians")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for all arms")
     ap.add_argument("--arms", default="trl,onpolicy,exgrpo",
-                    help="of trl, onpolicy, exgrpo, onpolicy-generate (on-policy with rollout.decoder=generate)")
+                    help="of trl, onpolicy, exgrpo, onpolicy-generate (on-policy with rollout.decoder=generate), "
+                         "onpolicy-s2 (on-policy with rollout.decode_streams=2)")
     ap.add_argument("--tag", default="", help="suffix of the results file (e.g. before / after)")
     ap.add_argument("--set", action="append", default=[], help="config overrides for every arm")
     args = ap.parse_args()
@@ -165,7 +166,7 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    rate = matmul_rate(torch.get_num_threads())
+    rate, wall_rate = matmul_rate(torch.get_num_threads()), matmul_rate(torch.get_num_threads(), wall=True)
     uptime = [os.popen("uptime").read().strip()]
     arms = args.arms.split(",")
     total = args.warmup + args.steps
@@ -180,6 +181,9 @@ def main() -> None:
     if "onpolicy-generate" in arms:  # the code before rollout/decode.py, interleaved with the rest
         ours["onpolicy-generate"] = open_session(load_config(args.config, base + [
             "run.name=onpolicy-generate", "buffer.replay_ratio=0", "rollout.decoder=generate"]))
+    if "onpolicy-s2" in arms:  # sampling in two concurrent parts (rollout.decode_streams=2): run with --threads 2
+        ours["onpolicy-s2"] = open_session(load_config(args.config, base + [
+            "run.name=onpolicy-s2", "buffer.replay_ratio=0", "rollout.decode_streams=2"]))
     if "exgrpo" in arms:
         ours["exgrpo"] = open_session(load_config(args.config, base + ["run.name=exgrpo"]))
     times: dict[str, list[dict]] = {a: [] for a in arms}
@@ -229,7 +233,7 @@ def main() -> None:
     uptime.append(os.popen("uptime").read().strip())
     result = {"preset": args.config, "overrides": args.set, "steps": args.steps, "warmup": args.warmup,
               "threads": torch.get_num_threads(), "loadavg_1_5_15": load, "uptime": uptime,
-              "matmul_gflop_per_cpu_s": rate / 1e9, "arms": {}}
+              "matmul_gflop_per_cpu_s": rate / 1e9, "matmul_gflop_per_wall_s": wall_rate / 1e9, "arms": {}}
     print(f"\n{args.config}: median over steps {args.warmup}..{total - 1}, {torch.get_num_threads()} threads, "
           f"load {load[0]:.2f}")
     print(f"{'arm':<10} {'s/step':>8} {'ms/token':>9} {'tokens':>7}  " + " ".join(f"{s:>8}" for s in STAGES))
@@ -241,12 +245,14 @@ def main() -> None:
             med["executed_over_useful"] = statistics.median(r["executed_gflop"] / r["useful_gflop"] for r in counted)
         med["floor_cpu_s"] = med["useful_gflop"] * 1e9 / rate
         med["cpu_over_floor"] = med["cpu"] / med["floor_cpu_s"]
+        med["floor_wall_s"] = med["useful_gflop"] * 1e9 / wall_rate  # what all threads together could do
+        med["wall_over_floor"] = med["iteration"] / med["floor_wall_s"]
         med["ms_per_token"] = statistics.median(1e3 * r["iteration"] / max(r["tokens"], 1) for r in kept)
         result["arms"][arm] = {"median": med, "per_step_seconds": [r["iteration"] for r in rows]}
         split = " ".join(f"{med.get(s, float('nan')):>8.3f}" for s in STAGES)
         print(f"{arm:<10} {med['iteration']:>8.3f} {med['ms_per_token']:>9.2f} {med['tokens']:>7.0f}  {split}")
         print(f"{'':<10} cpu {med['cpu']:.2f} s, useful {med['useful_gflop']:.0f} GFLOP, floor {med['floor_cpu_s']:.2f} "
-              f"cpu-s, cpu/floor {med['cpu_over_floor']:.2f}, executed/useful (warm-up) "
+              f"cpu-s, cpu/floor {med['cpu_over_floor']:.2f}, wall/floor {med['wall_over_floor']:.2f}, executed/useful (warm-up) "
               f"{med.get('executed_over_useful', float('nan')):.2f}")
     w = args.warmup
     for arm in [a for a in times if a != "trl" and "trl" in times]:
@@ -259,6 +265,14 @@ def main() -> None:
         print(f"{arm} / TRL, median of per-step ratios: wall {result[f'{key}_over_trl_median_ratio']:.3f}, "
               f"CPU-s {result[f'{key}_over_trl_cpu_ratio']:.3f}, CPU-s per generated token "
               f"{result[f'{key}_over_trl_cpu_per_token_ratio']:.3f}")
+    if "onpolicy" in times and "onpolicy-s2" in times:  # two decode streams against one, step by step
+        pairs = list(zip(times["onpolicy"][w:], times["onpolicy-s2"][w:]))
+        for k in ("iteration", "cpu", *[s for s in STAGES if s in pairs[0][0]]):
+            ratios = [b[k] / a[k] for a, b in pairs if a[k]]
+            if ratios:
+                result[f"onpolicy_s2_over_onpolicy_{k}_ratio"] = statistics.median(ratios)
+        print("onpolicy-s2 / onpolicy, median of per-step ratios: " + ", ".join(
+            f"{k.removeprefix('onpolicy_s2_over_onpolicy_')} {v:.3f}" for k, v in result.items() if k.startswith("onpolicy_s2")))
     name = f"trl_speed_{args.config}{'_' + args.tag if args.tag else ''}.json"
     save_result(name, result)
 

@@ -136,6 +136,11 @@ class RolloutConfig(_Section):
     decoder: Literal["own", "generate"] = "own"
     """(transformers) The decode loop: `own` (rollout/decode.py: finished rows leave the batch, inverse-CDF
     sampling, in-place KV cache) or `generate` (transformers' loop; the samples differ for a seed)."""
+    decode_streams: int = Field(default=0, ge=0)
+    """(transformers, own decoder, CPU) Decode each batch of sampling and evaluation in this many parts,
+    each in its own Python thread with its share of torch's threads (0: auto, min(2, torch threads));
+    parts of fewer than 8 rows are not made. The same samples for a seed (every step's uniforms are drawn
+    for the whole batch); small decode GEMMs scale badly over torch's intra-op threads."""
     rescore: Literal["auto", "always"] = "auto"
     """Trainer forward over fresh rollouts for behaviour log-probs and H(o). `always`: as verl / the
     authors' code. `auto`: skipped when the sampler's numbers already are the trainer's (transformers

@@ -282,7 +282,7 @@ def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str):
     if cfg.rollout.engine == "transformers":
         engine = TransformersEngine(model, tokenizer, top_p=cfg.rollout.top_p,
                                     batch_size=cfg.rollout.generation_batch_size)
-        engine.decoder = cfg.rollout.decoder
+        engine.decoder, engine.streams = cfg.rollout.decoder, cfg.rollout.decode_streams
         return engine
     if cfg.rollout.engine == "remote":  # the server may hold other weights (another run, a checkpoint): push
         from exgrpo_core.rollout.remote import RemoteEngine

@@ -39,7 +39,8 @@ def generation_args(cfg: ExGRPOConfig) -> dict:
                 max_new_tokens=e.max_response_tokens or cfg.rollout.max_response_tokens,
                 max_prompt_tokens=cfg.rollout.max_prompt_tokens,
                 batch_size=e.batch_size or cfg.rollout.generation_batch_size, seed=cfg.run.seed,
-                pass_k=list(e.pass_k), require_think=cfg.reward.require_think)
+                pass_k=list(e.pass_k), require_think=cfg.reward.require_think,
+                decode_streams=cfg.rollout.decode_streams)
 
 
 class EvalProgress:
@@ -126,7 +127,8 @@ class TrainingEvaluator:
 
     def run(self, s, tracker, step: int) -> dict:
         """Evaluate the session's model now; sampling is spread over the run's processes (s.team)."""
-        engine = s.team.engine_view(top_p=self.args["top_p"], batch_size=self.args["batch_size"])
+        engine = s.team.engine_view(top_p=self.args["top_p"], batch_size=self.args["batch_size"],
+                                    scores=False)  # tokens only (transformers engine): the same tokens
         report = run_eval.with_options(task_run_name=stage_name("evaluate", step))(
             s.accelerator.unwrap_model(s.model), s.tokenizer, self.items, s.verify, {**self.args, "engine": engine},
             label=f"eval step {step + 1}")

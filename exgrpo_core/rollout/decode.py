@@ -199,12 +199,17 @@ class Sampled:
 @torch.no_grad()
 def decode(model, ids: torch.Tensor, mask: torch.Tensor, cache, *, temperature: float, top_p: float = 1.0,
            top_k: int = 0, max_new_tokens: int, eos_ids: list[int], pad_id: int, processors=(),
-           drop_finished: bool = True, static_cache: bool = True) -> Sampled:
+           drop_finished: bool = True, static_cache: bool = True, scores: bool = True,
+           uniforms: torch.Tensor | None = None) -> Sampled:
     """Sample up to `max_new_tokens` tokens after each left-padded prompt of ids / mask [n, w].
 
     `cache`: the key/value cache of ids[:, :-1] (e.g. a shared prefill), or None to compute it here.
     `drop_finished=False` keeps finished rows in the batch (fed the pad token), as `generate` does:
     the same samples, for tests and benchmarks.
+    `scores=False` (evaluation) computes tokens only (no entropy, no log-prob gathering): the same tokens,
+    log-probs and entropies returned as zeros.
+    `uniforms` [max_new_tokens, n]: the uniforms of each step (row t = what `torch.rand(n)` would draw
+    at step t; `streams` draws them for the whole batch and passes each part its columns); None: drawn here.
     """
     n, w = ids.shape
     device = ids.device
@@ -235,19 +240,27 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, cache, *, temperature: 
         x = out.logits[:, -1].float()  # [live, V]
         for proc in processors:
             x = proc(seq[:, :w + t], x)
-        if temperature not in (0.0, 1.0):  # 0: greedy (evaluation only), numbers of the plain distribution
-            x = x / temperature
-        x = filter_logits(x, top_k, top_p)
-        logp = torch.log_softmax(x, dim=-1)
-        p = logp.exp()
-        ent = -(p * logp.nan_to_num(neginf=0.0)).sum(-1)
-        u = torch.rand(n, device=device)[rows]  # every row's uniform drawn, live or not
-        tok = x.argmax(-1) if temperature == 0 else inverse_cdf(p, u)
+        u = (torch.rand(n, device=device) if uniforms is None else uniforms[t])[rows]  # every row's, live or not
+        if scores:
+            if temperature not in (0.0, 1.0):  # 0: greedy (evaluation only), numbers of the plain distribution
+                x = x / temperature
+            x = filter_logits(x, top_k, top_p)
+            logp = torch.log_softmax(x, dim=-1)
+            p = logp.exp()
+            ent = -(p * logp.nan_to_num(neginf=0.0)).sum(-1)
+            tok = x.argmax(-1) if temperature == 0 else inverse_cdf(p, u)
+        elif temperature == 0:
+            tok = filter_logits(x, top_k, top_p).argmax(-1)  # (no-op filters at top_k 0, top_p 1)
+        else:  # the same operations as above on the way to the token, nothing after it
+            if temperature != 1.0:
+                x = x / temperature
+            tok = inverse_cdf(torch.log_softmax(filter_logits(x, top_k, top_p), dim=-1).exp_(), u)
         if not drop_finished:
             tok = torch.where(running, tok, pad_id)
         tokens[rows, t] = tok
-        logps[rows, t] = torch.where(running, logp.gather(-1, tok[:, None]).squeeze(-1), 0.0)
-        ents[rows, t] = torch.where(running, ent, 0.0)
+        if scores:
+            logps[rows, t] = torch.where(running, logp.gather(-1, tok[:, None]).squeeze(-1), 0.0)
+            ents[rows, t] = torch.where(running, ent, 0.0)
         seq[:, w + t] = tok
         pos = pos + 1
         done = torch.isin(tok, eos) & running

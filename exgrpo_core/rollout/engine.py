@@ -13,12 +13,13 @@ The vLLM engine arrives with the scale-out issue behind the same `generate` sign
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Protocol
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from exgrpo_core.rollout.decode import decode, prefix_prefill
+from exgrpo_core.rollout.decode import Sampled, decode, prefix_prefill
 from exgrpo_core.training import fsdp
 from exgrpo_core.training.forward_parts import cache_kw, copied_prompt_cache
 from exgrpo_core.types import Generation
@@ -65,6 +66,10 @@ class TransformersEngine:
         self.decoder = "own"  # `decode.decode` (finished rows dropped); "generate": transformers' loop
         self.drop_finished = True  # (own) finished rows leave the batch
         self.static_cache = True  # (own) the key/value cache is written in place
+        self.scores = True  # (own) compute log-probs and entropies; False: tokens only (evaluation)
+        self.streams = 1  # (own, CPU) a batch is decoded in this many parts, each in its own thread;
+        # 0: auto, min(2, torch threads) (`rollout.decode_streams`)
+        self.min_stream_rows = 8  # (own) rows each part needs, or fewer parts
         self.row_steps = 0  # decode row-steps computed so far (rows in a forward, summed over steps)
 
     @torch.no_grad()
@@ -86,26 +91,67 @@ class TransformersEngine:
     def _generate_chunk(self, prompts: list[list[int]], temperature: float,
                         max_new_tokens: int) -> list[Generation]:
         device = fsdp.compute_device(self.model)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, p in enumerate(prompts):  # left padding: generation continues at the right edge
-            ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[row, width - len(p):] = 1
-        ids, mask = ids.to(device), mask.to(device)
         if self.decoder == "own" and not self.synced:  # synced (FSDP2): every process must run each forward
-            shared = (prefix_prefill(self.model, prompts, self.pad_id, self.min_prefix)
-                      if self.share_prefill else None)
-            ids, mask, cache = shared if shared is not None else (ids, mask, None)
-            res = decode(self.model, ids, mask, cache, temperature=temperature,
-                         top_p=self.top_p, max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                         processors=self.logits_processors, drop_finished=self.drop_finished,
-                         static_cache=self.static_cache)
+            streams = self.streams or min(2, torch.get_num_threads())  # 0: auto
+            parts = stream_parts(len(prompts), streams, self.min_stream_rows)
+            if len(parts) > 1 and device.type == "cpu" and not self.logits_processors:
+                res = self._decode_streams(prompts, parts, temperature, max_new_tokens)
+            else:
+                res = self._decode(prompts, device, temperature, max_new_tokens)
             self.row_steps += res.row_steps
             seqs, token_logp, ent = res.tokens.cpu(), res.logprobs.cpu(), res.entropies.cpu()
         else:
-            seqs, token_logp, ent = self._hf_generate(ids, mask, width, temperature, max_new_tokens)
+            ids, mask = left_padded(prompts, self.pad_id, device)
+            seqs, token_logp, ent = self._hf_generate(ids, mask, ids.shape[1], temperature, max_new_tokens)
         return [self._record(seqs[r], token_logp[r], ent[r], max_new_tokens) for r in range(len(prompts))]
+
+    def _decode(self, prompts: list[list[int]], device, temperature: float, max_new_tokens: int,
+                uniforms: torch.Tensor | None = None) -> Sampled:
+        """`decode.decode` over `prompts` (their shared tokens prefilled once when `share_prefill`)."""
+        shared = prefix_prefill(self.model, prompts, self.pad_id, self.min_prefix) if self.share_prefill else None
+        ids, mask, cache = shared if shared is not None else (*left_padded(prompts, self.pad_id, device), None)
+        return decode(self.model, ids, mask, cache, temperature=temperature, top_p=self.top_p,
+                      max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                      processors=self.logits_processors, drop_finished=self.drop_finished,
+                      static_cache=self.static_cache, scores=self.scores, uniforms=uniforms)
+
+    def _decode_streams(self, prompts: list[list[int]], parts: list[tuple[int, int]], temperature: float,
+                        max_new_tokens: int) -> Sampled:
+        """Decode rows [lo, hi) of each part in its own Python thread, torch single-threaded there (ops
+        release the GIL), the caller's torch threads shared among them: small decode GEMMs scale badly over
+        torch's intra-op threads (and every op waits for all of them on a shared machine). Every step's
+        uniforms are drawn for the whole batch first, each part gets its columns, and the random stream
+        is left where one batch would leave it (steps x n draws): the same samples as one stream."""
+        n, per_part = len(prompts), max(1, torch.get_num_threads() // len(parts))
+        state = torch.get_rng_state()
+        uniforms = torch.rand(max_new_tokens, n)  # row t = the torch.rand(n) of step t (tested)
+        out: list[Sampled | BaseException | None] = [None] * len(parts)
+
+        def work(i: int, lo: int, hi: int) -> None:
+            try:
+                torch.set_num_threads(per_part)  # this thread's setting only (OpenMP / MKL keep it per thread)
+                with torch.no_grad():
+                    out[i] = self._decode(prompts[lo:hi], torch.device("cpu"), temperature, max_new_tokens,
+                                          uniforms[:, lo:hi])
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+                out[i] = e
+
+        workers = [threading.Thread(target=work, args=(i, lo, hi), name=f"decode-{i}")
+                   for i, (lo, hi) in enumerate(parts)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        for r in out:
+            if isinstance(r, BaseException):
+                raise r
+        steps = max(r.tokens.shape[1] for r in out)
+        torch.set_rng_state(state)
+        torch.rand(steps * n)  # advance the stream as one batch of `steps` steps would have
+        pad = lambda x, v: torch.nn.functional.pad(x, (0, steps - x.shape[1]), value=v)  # noqa: E731
+        return Sampled(torch.cat([pad(r.tokens, self.pad_id) for r in out]),
+                       torch.cat([pad(r.logprobs, 0.0) for r in out]),
+                       torch.cat([pad(r.entropies, 0.0) for r in out]), sum(r.row_steps for r in out))
 
     def _hf_generate(self, ids, mask, width: int, temperature: float, max_new_tokens: int):
         """transformers' `generate` with the engine's settings only: [n, T] tokens, log-probs, entropies."""
@@ -157,8 +203,28 @@ class TransformersEngine:
         truncated = truncated and len(ids) >= max_new_tokens
         ids = ids[:length]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if not self.scores:  # tokens only: no numbers to return
+            return Generation(response_ids=ids, logprobs=[], text=text, truncated=truncated, entropies=[])
         return Generation(response_ids=ids, logprobs=logp[:length].tolist(), text=text,
                           truncated=truncated, entropies=ent[:length].tolist())
+
+
+def left_padded(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids and attention mask [n, longest prompt], prompts at the right edge (generation continues there)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[row, width - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def stream_parts(n: int, streams: int, min_rows: int) -> list[tuple[int, int]]:
+    """Row ranges [lo, hi) of `n` rows cut into up to `streams` near-equal parts of at least `min_rows` each."""
+    k = max(1, min(streams, n // max(min_rows, 1)))
+    cuts = [round(i * n / k) for i in range(k + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
 
 
 def _sampling(temperature: float, top_p: float) -> dict:
