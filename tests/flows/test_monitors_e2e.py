@@ -31,24 +31,21 @@ def _train(overrides, extra):
     return p.returncode, p.stdout + p.stderr
 
 
-def _client(url: str):
-    """A client of the session's server. Prefect reads PREFECT_API_URL when it is first imported; in a
-    full test session that is at collection, before the server fixture sets it, so the URL is explicit."""
+def _client():
+    """A client of the session's server (the fixture points Prefect's settings at it)."""
     from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with temporary_settings(updates={PREFECT_API_URL: url}):
-        return get_client(sync_client=True)
+    return get_client(sync_client=True)
 
 
-def _events(url: str, run_id: str, want: set[str], timeout_s: float = 180.0) -> dict:
+def _events(run_id: str, want: set[str], timeout_s: float = 180.0) -> dict:
     """The monitor events of one run in Prefect's events API (the server persists them asynchronously)."""
     from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 
     flt = EventFilter(event=EventNameFilter(prefix=["exgrpo.monitor."]),
                       resource=EventResourceFilter(id=[f"exgrpo.run.{run_id}"]))
     deadline = time.time() + timeout_s
-    with _client(url) as client:
+    with _client() as client:
         while True:
             found = {e.event: e for e in client.read_events(filter=flt, limit=50).events}
             if want <= set(found) or time.time() > deadline:
@@ -84,14 +81,14 @@ def test_monitor_stops_a_real_run_and_reports_everywhere(tmp_path, prefect_serve
     assert "fresh_entropy" in run.data.tags["exgrpo.monitor.fresh_entropy"]
     assert run.data.metrics[M.monitor_key("zero_variance")] == pytest.approx(fired[M.monitor_key("zero_variance")])
 
-    events = _events(prefect_server, run_id, {"exgrpo.monitor.zero_variance", "exgrpo.monitor.fresh_entropy"})
+    events = _events(run_id, {"exgrpo.monitor.zero_variance", "exgrpo.monitor.fresh_entropy"})
     ev = events.get("exgrpo.monitor.zero_variance")
     assert ev is not None, f"events found: {sorted(events)}"
     assert ev.payload["step"] == 0 and ev.payload["action"] == "checkpoint_and_stop"
     assert ev.resource["prefect.resource.name"] == "mon"
     flow_runs = [r.id for r in ev.related if r.role == "flow-run"]
     assert len(flow_runs) == 1
-    with _client(prefect_server) as client:
+    with _client() as client:
         assert client.read_flow_run(flow_runs[0].split(".")[-1]).state.is_failed()
 
     # the same command with the action relaxed resumes from the stop's checkpoint and finishes
