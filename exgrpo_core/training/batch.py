@@ -104,6 +104,34 @@ def micro_batch_rows(batch: TrainBatch, size: int, max_tokens: int | None = None
     return out
 
 
+def prompt_groups(prompts: list[tuple | None], size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Rows in groups of at most `size` distinct prompts (and `max_tokens` padded prompt tokens), in
+    first-seen order: each group's prompts run once for all its micro-batches (`optimise`). Rows with
+    no prompt (None: nothing scored) join the first group. Example: prompts [a, b, a, c, None], size 2
+    -> [[0, 1, 2, 4], [3]].
+    """
+    groups: list[list[int]] = []
+    seen: list[dict[tuple, None]] = []
+    where: dict[tuple, int] = {}
+    for i, p in enumerate(prompts):
+        if p is None:
+            continue
+        if p not in where:
+            last = seen[-1] if seen else None
+            longest = max([len(p), *(len(q) for q in last)]) if last else len(p)
+            if last is None or len(last) >= size or (max_tokens is not None and (len(last) + 1) * longest > max_tokens):
+                groups.append([])
+                seen.append({})
+            seen[-1][p] = None
+            where[p] = len(groups) - 1
+        groups[where[p]].append(i)
+    loose = [i for i, p in enumerate(prompts) if p is None]
+    if not groups:
+        return [loose] if loose else []
+    groups[0] = sorted(groups[0] + loose)
+    return groups
+
+
 def share_rows(batch: TrainBatch, rank: int, world: int) -> list[int]:
     """This process's rows of a mini-batch: every world-th row by length, so shares cost about the same."""
     order = torch.argsort(batch.attention_mask.sum(-1), stable=True).tolist()

@@ -5,11 +5,14 @@
   trajectory beside them) run that prompt through the model once; its key/value cache is copied to
   the rows, which then run only their responses. Gradients flow back through the copies into the one
   prompt forward, so the sum over rows is the same as K separate prompt forwards, up to rounding.
+- `prompt_kv`: the distinct prompts' caches, the prefix they all start with (a system prompt) run
+  once; `PromptKV.detached` lets several micro-batches use them and `backward` differentiate them once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 
 import torch
@@ -94,7 +97,7 @@ def copied_prompt_cache(model, ids: torch.Tensor, mask: torch.Tensor, position_i
                         which: torch.Tensor):
     """Run each distinct prompt (a row of `ids`) once, keeping no logits but the last position's, and
     copy its key/value cache to the rows `which` maps onto it; None when the model keeps no cache
-    that can be copied. Shared by sampling (rollout.py) and scoring (`shared_prompt_logits`)."""
+    that can be copied. Used by sampling (rollout.py)."""
     keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, **keep)
     cache = cache_of(out)
@@ -104,45 +107,148 @@ def copied_prompt_cache(model, ids: torch.Tensor, mask: torch.Tensor, position_i
     return cache
 
 
-def shared_prompt_logits(model, ids: torch.Tensor, am: torch.Tensor, rows: torch.Tensor,
-                         cols: torch.Tensor) -> torch.Tensor | None:
-    """[M, V] logits at the scored positions, column cols[i] of row rows[i] of `ids` [n, l] (it predicts
-    token cols[i] + 1), computing each distinct prompt once; None when no prompt repeats.
+class PromptKV:
+    """Key/value caches of distinct prompts (tuples of token ids), one row each: `mask` [d, W] is
+    their attention mask (common prefix, padding, remainder), `lengths` [d] their real tokens.
 
-    A row's prompt is its real tokens before its first scored column; the row's part from that column
-    to its last real token is its continuation. Prompts are left-padded into one batch, continuations
-    right-padded into another that attends to the copied cache; position ids count real tokens, as a
-    single padded row would.
+    `detached()` gives a copy whose cache tensors are graph leaves: forwards on its copies (one per
+    micro-batch) accumulate gradients there, and `backward()` then sends them through the prompt
+    forward once. The sum is the same as differentiating every micro-batch through its own copy.
     """
-    used = torch.unique(rows)  # rows with something scored, ascending
+
+    def __init__(self, cache, mask: torch.Tensor, slots: dict[tuple, int], source=None):
+        self.cache, self.mask, self.slots, self.source = cache, mask, slots, source
+        self.lengths = torch.tensor([len(p) for p in slots], device=mask.device)
+
+    def detached(self) -> "PromptKV":
+        leaves = [(k.detach().requires_grad_(k.requires_grad), v.detach().requires_grad_(v.requires_grad))
+                  for k, v in _tensors(self.cache)]
+        return PromptKV(_with_tensors(self.cache, leaves), self.mask, self.slots, source=self)
+
+    def rows(self, which: torch.Tensor):
+        """A new cache holding row which[i] at row i (differentiable: index_select)."""
+        out = _with_tensors(self.cache, _tensors(self.cache))
+        out.batch_select_indices(which)
+        return out
+
+    def backward(self) -> None:
+        """Send the gradients gathered on a detached copy's leaves through the prompt forward."""
+        outs, grads = [], []
+        for pair, leaves in zip(_tensors(self.source.cache), _tensors(self.cache)):
+            for t, leaf in zip(pair, leaves):
+                if leaf.grad is not None:
+                    outs.append(t)
+                    grads.append(leaf.grad)
+        if outs:
+            torch.autograd.backward(outs, grads)
+
+
+def _tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _with_tensors(cache, tensors):
+    out = copy.copy(cache)
+    out.layers = []
+    for layer, (k, v) in zip(cache.layers, tensors):
+        new = copy.copy(layer)
+        new.keys, new.values = k, v
+        out.layers.append(new)
+    return out
+
+
+def prompt_kv(model, prompts: list[tuple], device, min_prefix: int = 2) -> PromptKV | None:
+    """Caches of the distinct `prompts`, the prefix they all start with (`min_prefix`+ tokens) run
+    once as one row and copied to each prompt's remainder; None when no prompt repeats and there is
+    no such prefix, a prompt is empty, or the model keeps no cache with the needed layout.
+
+    Layout [d, P + r] as in sampling's prefix prefill: the prefix (positions 0..P-1), then each
+    remainder left-padded to r columns; position ids count real tokens.
+    """
+    distinct = list(dict.fromkeys(prompts))
+    if not distinct or min(len(p) for p in distinct) == 0:
+        return None
+    first, shortest = distinct[0], min(len(p) for p in distinct)
+    common = 0
+    while common < shortest - 1 and all(p[common] == first[common] for p in distinct):
+        common += 1
+    if common < min_prefix or len(distinct) == 1:
+        common = 0
+    if common == 0 and len(distinct) == len(prompts):
+        return None
+    keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
+    r = max(len(p) - common for p in distinct)
+    ids = torch.zeros(len(distinct), common + r, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    ids[:, :common] = torch.tensor(first[:common], dtype=torch.long, device=device)
+    mask[:, :common] = 1
+    for j, p in enumerate(distinct):
+        ids[j, common + r - (len(p) - common):] = torch.tensor(p[common:], device=device)
+        mask[j, common + r - (len(p) - common):] = 1
+    cache = None
+    if common:
+        cache = cache_of(model(input_ids=ids[:1, :common], attention_mask=mask[:1, :common],
+                               position_ids=torch.arange(common, device=device)[None], use_cache=True, **keep))
+        if cache is None or not hasattr(cache, "batch_select_indices") or not hasattr(cache, "layers"):
+            return None
+        cache.batch_select_indices(torch.zeros(len(distinct), dtype=torch.long, device=device))
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, common:]
+    cache = cache_of(model(input_ids=ids[:, common:], attention_mask=mask, position_ids=pos, use_cache=True,
+                           **({cache_kw(model): cache} if cache is not None else {}), **keep))
+    if cache is None or not hasattr(cache, "batch_select_indices") or not hasattr(cache, "layers"):
+        return None
+    return PromptKV(cache, mask, {p: j for j, p in enumerate(distinct)})
+
+
+def scored_prompts(ids: torch.Tensor, am: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor):
+    """(used rows ascending, first scored column c0 [n], prompt tuples of the used rows): a row's
+    prompt is its real tokens before its first scored column (cols[i] of row rows[i])."""
+    used = torch.unique(rows)
     c0 = torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long, device=ids.device)
     c0.scatter_reduce_(0, rows, cols, reduce="amin")
     real = am != 0
-    end = real.shape[1] - real.flip(1).long().argmax(1)  # [n] one past the last real column
     prompts = [tuple(ids[r, :c0[r]][real[r, :c0[r]]].tolist()) for r in used.tolist()]
-    slot = {p: i for i, p in enumerate(dict.fromkeys(prompts))}  # distinct prompts in first-seen order
-    distinct = list(slot)
-    if len(distinct) == len(prompts) or min(len(p) for p in distinct) == 0:
+    return used, c0, prompts
+
+
+def batch_prompts(ids: torch.Tensor, am: torch.Tensor, score_mask: torch.Tensor) -> list[tuple | None]:
+    """Each row's prompt as `shared_prompt_logits` sees it (real tokens before the column that
+    predicts its first scored token); None for a row with nothing scored."""
+    valid = (am[:, 1:] != 0) & (am[:, :-1] != 0) & (score_mask[:, 1:] != 0)
+    rows, cols = torch.nonzero(valid, as_tuple=True)
+    used, _, prompts = scored_prompts(ids, am, rows, cols)
+    out: list[tuple | None] = [None] * ids.shape[0]
+    for r, p in zip(used.tolist(), prompts):
+        out[r] = p
+    return out
+
+
+def shared_prompt_logits(model, ids: torch.Tensor, am: torch.Tensor, rows: torch.Tensor,
+                         cols: torch.Tensor, prompts: PromptKV | None = None) -> torch.Tensor | None:
+    """[M, V] logits at the scored positions, column cols[i] of row rows[i] of `ids` [n, l] (it predicts
+    token cols[i] + 1), each distinct prompt's cache computed once (`prompt_kv`, or taken from
+    `prompts` when it holds every row's prompt); None when nothing is shared.
+
+    A row's prompt is its real tokens before its first scored column; the row's part from that column
+    to its last real token is its continuation, right-padded into a batch that attends to its prompt's
+    copied cache; position ids count real tokens, as a single padded row would.
+    """
+    used, c0, row_prompts = scored_prompts(ids, am, rows, cols)
+    if prompts is None or any(p not in prompts.slots for p in row_prompts):
+        prompts = prompt_kv(model, row_prompts, ids.device)
+    if prompts is None:
         return None
-    which = torch.tensor([slot[p] for p in prompts], device=ids.device)  # used row -> prompt
-    width = max(len(p) for p in distinct)
-    pre_ids = torch.zeros(len(distinct), width, dtype=torch.long, device=ids.device)
-    pre_mask = torch.zeros_like(pre_ids)
-    for j, p in enumerate(distinct):  # left padding: every prompt ends at the last column
-        pre_ids[j, width - len(p):] = torch.tensor(p, device=ids.device)
-        pre_mask[j, width - len(p):] = 1
-    pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
-    cache = copied_prompt_cache(model, pre_ids, pre_mask, pre_pos, which)  # [m, ...]: a differentiable gather
-    if cache is None:
-        return None
+    which = torch.tensor([prompts.slots[p] for p in row_prompts], device=ids.device)  # used row -> prompt
+    cache = prompts.rows(which)  # [m, ...]: a differentiable gather
+    real = am != 0
+    end = real.shape[1] - real.flip(1).long().argmax(1)  # [n] one past the last real column
     starts, ends = c0[used], end[used]
     span = int((ends - starts).max())
     grid = starts[:, None] + torch.arange(span, device=ids.device)[None, :]  # [m, C] source columns
     inside = grid < ends[:, None]
     cont_ids = torch.where(inside, ids[used].gather(1, grid.clamp(max=ids.shape[1] - 1)), 0)
-    lengths = torch.tensor([len(p) for p in prompts], device=ids.device)
-    cont_pos = lengths[:, None] + torch.arange(span, device=ids.device)[None, :]
-    mask = torch.cat([pre_mask[which], inside.long()], dim=1)  # [m, P + C]
+    cont_pos = prompts.lengths[which][:, None] + torch.arange(span, device=ids.device)[None, :]
+    mask = torch.cat([prompts.mask[which], inside.long()], dim=1)  # [m, W + C]
     index = torch.full((ids.shape[0],), -1, dtype=torch.long, device=ids.device)
     index[used] = torch.arange(used.numel(), device=ids.device)
     c_rows, c_cols = index[rows], cols - c0[rows]  # scored positions in continuation coordinates

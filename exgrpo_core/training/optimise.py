@@ -9,6 +9,9 @@ denominator is the whole mini-batch's, gradients are summed over processes befor
 step equals the one-process step up to float rounding, whatever the shares' sizes. Aggregation
 `micro_sum_norm` is the authors' form instead: each micro-batch's loss has its own denominators
 (`losses.micro_sum_norm_denominators`) and gradients are averaged over processes, as in their code.
+With prompt sharing, a mini-batch's prompts (at most `micro_batch_size` distinct ones at a time, their
+common prefix once) run once before its micro-batches, which attend to copies of their caches; the
+prompts' backward runs once after them (`forward_parts.PromptKV`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import torch
 
 from exgrpo_core.training import distributed as D, policy
 from exgrpo_core.algorithm import losses
-from exgrpo_core.training.batch import micro_batch_rows, minibatch_rows, select_rows, share_rows
+from exgrpo_core.training.batch import micro_batch_rows, minibatch_rows, prompt_groups, select_rows, share_rows
+from exgrpo_core.training.forward_parts import batch_prompts, can_share_prompts, prompt_kv
 from exgrpo_core.types import TrainBatch
 
 
@@ -48,22 +52,30 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
         mean_denom = None
         optimizer.zero_grad(set_to_none=True)
         part = select_rows(mini, share_rows(mini, rank, world)) if world > 1 else mini
-        micros: list[list[int] | None] = list(micro_batch_rows(part, micro_batch_size, micro_batch_tokens))
+        micros = _micro_plan(model, part, micro_batch_size, micro_batch_tokens, share_prompts and not sharded,
+                             regroup=aggregation != "micro_sum_norm")
         if sharded:  # FSDP2: the same number of passes everywhere; padding passes train nothing
-            micros += [None] * (int(D.all_reduce_max(float(len(micros)))) - len(micros))
+            micros += [(None, None)] * (int(D.all_reduce_max(float(len(micros)))) - len(micros))
+        kv = None
         with _local_grads(model, 1 if sharded else world):
-            for i, micro_rows in enumerate(micros):
+            for i, (micro_rows, group_prompts) in enumerate(micros):
+                if group_prompts is not None:  # a group's first micro-batch: its prompts run once
+                    kv = prompt_kv(model, group_prompts, part.input_ids.device)
+                    kv = kv.detached() if kv is not None else None
                 micro = select_rows(part, micro_rows) if micro_rows is not None else select_rows(mini, [0])
                 if aggregation == "micro_sum_norm":  # (code) each micro-batch its own, averaged over ranks
                     denom, mean_denom = losses.micro_sum_norm_denominators(micro.response_mask, max_response_len,
                                                                            world)
                 loss, stats = _micro_loss(model, micro, denom, onpolicy_term, replay_term,
                                           entropy_coef, kl_coef, ref_model, micro_batch_size, temperature,
-                                          share_prompts, mean_denom)
+                                          share_prompts, mean_denom, kv)
                 if sharded:  # reduce-scatter once, after the last pass; FSDP2 averages, we want the sum
                     model.set_requires_gradient_sync(i == len(micros) - 1)
                     loss = loss * world
                 accelerator.backward(loss if micro_rows is not None else loss * 0.0)
+                if kv is not None and (i + 1 == len(micros) or micros[i + 1][1] is not None):
+                    kv.backward()  # the group's prompt gradients, gathered over its micro-batches
+                    kv = None
                 if micro_rows is None:
                     continue
                 for k, v in stats.items():
@@ -102,6 +114,28 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
     return out
 
 
+def _micro_plan(model, part: TrainBatch, size: int, max_tokens: int | None,
+                share: bool, regroup: bool = True) -> list[tuple[list[int] | None, list[tuple] | None]]:
+    """Micro-batches as (rows, prompts): with prompt sharing, rows in groups of at most `size`
+    distinct prompts (`batch.prompt_groups`: one group for cpu-demo's 8 questions), each cut into
+    length-ordered micro-batches; the first micro-batch of a group carries the group's prompts, which
+    then run once for all its micro-batches. Without sharing, or when the groups would change which
+    rows go together and `regroup` is off (micro_sum_norm: each micro-batch has its own denominator),
+    `micro_batch_rows` of the whole part."""
+    if not (share and can_share_prompts(model)):
+        return [(rows, None) for rows in micro_batch_rows(part, size, max_tokens)]
+    prompts = batch_prompts(part.input_ids, part.attention_mask, part.response_mask)
+    groups = prompt_groups(prompts, size, max_tokens)
+    if len(groups) > 1 and not regroup:
+        return [(rows, None) for rows in micro_batch_rows(part, size, max_tokens)]
+    plan = []
+    for group in groups:
+        sub = select_rows(part, group)
+        for j, rows in enumerate(micro_batch_rows(sub, size, max_tokens)):
+            plan.append(([group[r] for r in rows], [prompts[r] for r in group if prompts[r]] if j == 0 else None))
+    return plan
+
+
 def _local_grads(model, world: int):
     """Accumulate this process's gradients without DDP's per-backward all-reduce (summed once per step)."""
     return model.no_sync() if world > 1 and hasattr(model, "no_sync") else contextlib.nullcontext()
@@ -117,12 +151,13 @@ _ADDITIVE = ("loss/total", "loss/onpolicy", "loss/offpolicy", "loss/entropy", "l
 
 
 def _micro_loss(model, micro: TrainBatch, denom, onpolicy_term, replay_term, entropy_coef,
-                kl_coef, ref_model, micro_batch_size, temperature, share_prompts=True, mean_denom=None):
+                kl_coef, ref_model, micro_batch_size, temperature, share_prompts=True, mean_denom=None,
+                prompts=None):
     """Forward one micro-batch and build the mixed-policy loss (ExGRPO Eq. 4, code weighting)."""
     logp, ent = policy.token_logprobs_and_entropy(
         model, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size,
         with_entropy=entropy_coef > 0, temperature=temperature, score_mask=micro.response_mask,
-        share_prompts=share_prompts)
+        share_prompts=share_prompts, prompts=prompts)
     ref_logp = None
     if kl_coef > 0 and ref_model is not None:
         with torch.no_grad():

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from exgrpo_core.training import fsdp
-from exgrpo_core.training.forward_parts import (can_share_prompts, head_at, shared_prompt_logits,
-                                        takes_logits_to_keep)
+from exgrpo_core.training.forward_parts import (PromptKV, batch_prompts, can_share_prompts, head_at, prompt_kv,
+                                                shared_prompt_logits, takes_logits_to_keep)
 
 
 class PolicyInputError(ValueError):
@@ -53,14 +53,16 @@ def _block_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: floa
 
 def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: bool, temperature: float,
                    chunk_positions: int, want: torch.Tensor | None,
-                   share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   share_prompts: bool = True,
+                   prompts: PromptKV | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Score one micro-batch [n, L]; columns that are padding in every row are skipped.
 
     Only positions that are scored (real, not a row's first token, and in `want` when given) reach the
     vocabulary: the output head runs on those positions' hidden states only (`forward_parts.head_at`;
     otherwise logits start at the first such column through `logits_to_keep`, when the model takes it)
     and the softmax runs over those positions only, `chunk_positions` at a time across all rows. Rows
-    that share a prompt run it once (`forward_parts.shared_prompt_logits`) when `share_prompts`.
+    that share a prompt run it once (`forward_parts.shared_prompt_logits`, on `prompts` when given)
+    when `share_prompts`.
     """
     n, width = ids.shape
     cols = torch.nonzero(am.any(dim=0)).flatten()
@@ -76,7 +78,7 @@ def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: boo
     first = int(targets_at[0]) if targets_at.numel() else hi - lo - 2  # first logit column needed
     rows, pos = torch.nonzero(valid[:, first:], as_tuple=True)  # [M] each: the scored positions
     targets = ids[rows, first + pos + 1]  # [M]
-    flat = (shared_prompt_logits(model, ids, am, rows, first + pos)
+    flat = (shared_prompt_logits(model, ids, am, rows, first + pos, prompts)
             if share_prompts and rows.numel() and can_share_prompts(model) else None)  # [M, V] or None
     if flat is None:
         position_ids = (am.long().cumsum(-1) - 1).clamp(min=0)  # [n, l]; real tokens count from 0
@@ -114,7 +116,8 @@ def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: boo
 def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                                micro_batch_size: int, with_entropy: bool = True, temperature: float = 1.0,
                                chunk_positions: int = 1024, score_mask: torch.Tensor | None = None,
-                               share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                               share_prompts: bool = True,
+                               prompts: PromptKV | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log pi(x_t | x_<t) and entropy H_t = -sum_v pi(v | x_<t) log pi(v | x_<t) (docs/implementation_details.md).
 
     Runs under the caller's grad mode (with grad for the loss, `torch.no_grad()` for selection).
@@ -134,6 +137,10 @@ def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: t
             others are returned as 0 and their vocabulary softmax is never computed.
         share_prompts: rows of a micro-batch whose tokens before their first scored position agree
             run those tokens once (`forward_parts.shared_prompt_logits`); same values up to rounding.
+            Without grad, the prompts of all micro-batches run once (`forward_parts.prompt_kv`) when
+            there are at most `micro_batch_size` distinct ones.
+        prompts: the caches of the rows' prompts, computed by the caller (`optimise` runs a
+            mini-batch's prompts once for all its micro-batches); rows whose prompt it lacks share locally.
 
     Returns:
         logp [N, L] float32 and entropy [N, L] float32 (or None); 0 at padding, at each row's
@@ -150,12 +157,17 @@ def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: t
     # rows of similar length share a forward, so less padding is computed; outputs keep the input order
     # (on the CPU: the row indices then select from inputs on any device, e.g. a CPU score_mask beside GPU ids)
     order = torch.argsort(attention_mask.sum(-1).cpu(), stable=True) if n > micro_batch_size else torch.arange(n)
+    if (prompts is None and share_prompts and score_mask is not None and n > micro_batch_size
+            and not torch.is_grad_enabled() and can_share_prompts(model)):  # scoring: each prompt once
+        found = [p for p in batch_prompts(input_ids, attention_mask, score_mask.to(input_ids.device)) if p]
+        if len(set(found)) <= micro_batch_size:  # at most one micro-batch of prompt rows in memory
+            prompts = prompt_kv(model, found, device)
     logps, ents = [], []
     for start in range(0, n, micro_batch_size):
         rows = order[start:start + micro_batch_size]
         want = score_mask[rows].to(device) if score_mask is not None else None
         lp, h = _micro_forward(model, input_ids[rows].to(device), attention_mask[rows].to(device),
-                               with_entropy, temperature, chunk_positions, want, share_prompts)
+                               with_entropy, temperature, chunk_positions, want, share_prompts, prompts)
         logps.append(lp)
         ents.append(h)
     back = torch.argsort(order).to(device)  # [N]: position of each input row in the sorted output
