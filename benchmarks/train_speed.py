@@ -5,8 +5,8 @@
 Batches are sampled once with the preset's session (rollouts, grading, advantages, shuffled and
 collated as `loop.train` does). Arms, each with its own copy of the initial weights and its own AdamW:
 `base` = exgrpo_core/training/{optimise,policy,forward_parts,batch}.py at `--base` (read with
-`git show` into a private package, the rest of the library shared), `new` = this tree, `noshare` =
-this tree with `share_prompts=False`. Rounds alternate the arms' order; every round runs each batch
+`git show` into a private package, the rest of the library shared), `git:<commit>` = the same at
+another commit, `new` = this tree, `noshare` = this tree with `share_prompts=False`. Rounds alternate the arms' order; every round runs each batch
 through each arm (one optimiser step per batch, as cpu-demo does), timed in CPU and wall seconds.
 Round 0 is a warm-up that also counts executed FLOPs (torch's FlopCounterMode) and checks the arms'
 losses against each other (same weights then). Useful FLOPs (benchmarks/flops_meter.py): 6 x (body x
@@ -38,17 +38,18 @@ PARTS = ("batch", "forward_parts", "policy", "optimise")
 
 
 def base_optimise(commit: str):
-    """`optimise` as it was at `commit`: the four training modules loaded as package `train_base`."""
-    pkg = types.ModuleType("train_base")
+    """`optimise` as it was at `commit`: the four training modules loaded as a private package."""
+    name_pkg = f"train_{commit}"
+    pkg = types.ModuleType(name_pkg)
     pkg.__path__ = []
-    sys.modules["train_base"] = pkg
+    sys.modules[name_pkg] = pkg
     for name in PARTS:
         src = subprocess.run(["git", "show", f"{commit}:exgrpo_core/training/{name}.py"], cwd=HERE.parent,
                              capture_output=True, text=True, check=True).stdout
         src = src.replace("from exgrpo_core.training import distributed as D, policy",
-                          "from exgrpo_core.training import distributed as D\nfrom train_base import policy")
-        src = re.sub(r"exgrpo_core\.training\.(" + "|".join(PARTS) + r")\b", r"train_base.\1", src)
-        mod = types.ModuleType(f"train_base.{name}")
+                          f"from exgrpo_core.training import distributed as D\nfrom {name_pkg} import policy")
+        src = re.sub(r"exgrpo_core\.training\.(" + "|".join(PARTS) + r")\b", name_pkg + r".\1", src)
+        mod = types.ModuleType(f"{name_pkg}.{name}")
         mod.__file__ = f"<{commit[:7]}:{name}.py>"
         sys.modules[mod.__name__] = mod
         exec(compile(src, mod.__file__, "exec"), mod.__dict__)
@@ -117,12 +118,12 @@ def main() -> None:
     batches = sample_batches(s, args.batches)
     model0 = s.accelerator.unwrap_model(s.model)
     head, body = head_and_body(model0)
-    fns = {"base": base_optimise(args.base) if "base" in args.arms.split(",") else None,
-           "new": optimise, "noshare": partial(optimise, share_prompts=False)}
+    fns = {"new": optimise, "noshare": partial(optimise, share_prompts=False)}
     arms = {}
     for name in args.arms.split(","):
+        fn = fns.get(name) or base_optimise(args.base if name == "base" else name.removeprefix("git:"))
         m = copy.deepcopy(model0)
-        arms[name] = (m, adamw(m.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay), fns[name])
+        arms[name] = (m, adamw(m.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay), fn)
     s.close()
     times = {a: {"cpu": [], "wall": []} for a in arms}
     executed, losses0 = {}, {}

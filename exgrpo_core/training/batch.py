@@ -84,23 +84,30 @@ def minibatch_rows(question_index: list[int], n_minibatches: int) -> list[list[i
     return [rows for rows in out if rows]
 
 
-def micro_batch_rows(batch: TrainBatch, size: int, max_tokens: int | None = None) -> list[list[int]]:
+def micro_batch_rows(batch: TrainBatch, size: int, max_tokens: int | None = None,
+                     by_response: bool = False) -> list[list[int]]:
     """Rows in micro-batches of at most `size` rows and `max_tokens` padded tokens, shortest first.
 
     Exact: a mini-batch's loss is a sum over its micro-batches with a shared denominator, so the
-    grouping only changes float rounding. Rows are ordered by length, so each micro-batch pads to
-    its last row; a row longer than `max_tokens` goes alone. Example: lengths [9, 3, 8, 2], size 2
+    grouping only changes float rounding. Rows are ordered by length (by response length when
+    `by_response`: rows whose prompts run apart pad only their responses), so each micro-batch pads
+    little; a row longer than `max_tokens` goes alone. Example: lengths [9, 3, 8, 2], size 2
     -> [[3, 1], [2, 0]]; with max_tokens 10 -> [[3, 1], [2], [0]].
     """
-    lengths = batch.attention_mask.sum(-1).tolist()
-    order = torch.argsort(batch.attention_mask.sum(-1), stable=True).tolist()
+    lengths = batch.attention_mask.sum(-1)
+    order = torch.argsort(batch.response_mask.sum(-1) if by_response else lengths, stable=True).tolist()
+    lengths = lengths.tolist()
     out: list[list[int]] = []
+    widest = 0
     for i in order:
         last = out[-1] if out else None
-        if last is None or len(last) >= size or (max_tokens is not None and (len(last) + 1) * lengths[i] > max_tokens):
+        if last is None or len(last) >= size or (max_tokens is not None and
+                                                 (len(last) + 1) * max(widest, lengths[i]) > max_tokens):
             out.append([i])
+            widest = lengths[i]
         else:
             last.append(i)
+            widest = max(widest, lengths[i])
     return out
 
 

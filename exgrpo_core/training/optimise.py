@@ -118,7 +118,7 @@ def _micro_plan(model, part: TrainBatch, size: int, max_tokens: int | None,
                 share: bool, regroup: bool = True) -> list[tuple[list[int] | None, list[tuple] | None]]:
     """Micro-batches as (rows, prompts): with prompt sharing, rows in groups of at most `size`
     distinct prompts (`batch.prompt_groups`: one group for cpu-demo's 8 questions), each cut into
-    length-ordered micro-batches; the first micro-batch of a group carries the group's prompts, which
+    micro-batches in response-length order; the first micro-batch of a group carries the group's prompts, which
     then run once for all its micro-batches. Without sharing, or when the groups would change which
     rows go together and `regroup` is off (micro_sum_norm: each micro-batch has its own denominator),
     `micro_batch_rows` of the whole part."""
@@ -131,7 +131,7 @@ def _micro_plan(model, part: TrainBatch, size: int, max_tokens: int | None,
     plan = []
     for group in groups:
         sub = select_rows(part, group)
-        for j, rows in enumerate(micro_batch_rows(sub, size, max_tokens)):
+        for j, rows in enumerate(micro_batch_rows(sub, size, max_tokens, by_response=True)):
             plan.append(([group[r] for r in rows], [prompts[r] for r in group if prompts[r]] if j == 0 else None))
     return plan
 

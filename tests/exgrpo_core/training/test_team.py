@@ -153,6 +153,12 @@ def test_token_budget_micro_batches():
     assert sorted(sum(micro_batch_rows(batch, 3, max_tokens=16), [])) == [0, 1, 2, 3]
     assert all(len(m) * max(batch.attention_mask[i].sum() for i in m) <= 16 or len(m) == 1
                for m in micro_batch_rows(batch, 3, max_tokens=16))
+    # by response length: prompts of 6, 1, 1, 1 tokens, responses 1, 8, 4, 2 (lengths 7, 9, 5, 3)
+    rows = [Rollout("q", p, [5] * n, [0.0] * n, "", False, 0) for p, n in (([1] * 6, 1), ([1], 8), ([1], 4), ([1], 2))]
+    batch = collate(rows, [0.0] * 4, tok.pad_token_id, [0, 1, 2, 3])
+    assert micro_batch_rows(batch, 2, by_response=True) == [[0, 3], [2, 1]]
+    assert micro_batch_rows(batch, 2) == [[3, 2], [0, 1]]
+    assert micro_batch_rows(batch, 2, max_tokens=12, by_response=True) == [[0], [3, 2], [1]]  # 2 x 7 > 12
 
 
 class _PushEngine:
