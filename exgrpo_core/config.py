@@ -268,9 +268,11 @@ class TrainConfig(_Section):
     micro_batch_size: int = Field(default=8, ge=1)
     """Sequences per forward/backward pass (gradient accumulation inside a mini-batch)."""
     share_prompt_forward: bool = True
-    """Rows with the same prompt (a question's K responses) run it once in the trainer's forward and
-    attend to its copied key/value cache; same values and gradients (exgrpo_core/training/forward_parts.py).
-    Off under gradient checkpointing and FSDP2."""
+    """Each distinct prompt of a mini-batch (up to micro_batch_size of them at a time, the prefix they
+    all share once) runs once in the trainer's forward before its micro-batches, whose rows attend to
+    copies of its key/value cache; same values and gradients (exgrpo_core/training/forward_parts.py).
+    Those prompts' activations stay in memory across the micro-batches. Off under gradient
+    checkpointing and FSDP2."""
     micro_batch_tokens: int | None = Field(default=None, ge=1)
     """Also cap a forward/backward pass at this many padded tokens (rows x longest row), so long
     responses get smaller micro-batches instead of running out of memory (None: rows only)."""

@@ -230,7 +230,7 @@ def shared_prompt_logits(model, ids: torch.Tensor, am: torch.Tensor, rows: torch
     `prompts` when it holds every row's prompt); None when nothing is shared.
 
     A row's prompt is its real tokens before its first scored column; the row's part from that column
-    to its last real token is its continuation, right-padded into a batch that attends to its prompt's
+    to its last scored column is its continuation, right-padded into a batch that attends to its prompt's
     copied cache; position ids count real tokens, as a single padded row would.
     """
     used, c0, row_prompts = scored_prompts(ids, am, rows, cols)
@@ -240,9 +240,8 @@ def shared_prompt_logits(model, ids: torch.Tensor, am: torch.Tensor, rows: torch
         return None
     which = torch.tensor([prompts.slots[p] for p in row_prompts], device=ids.device)  # used row -> prompt
     cache = prompts.rows(which)  # [m, ...]: a differentiable gather
-    real = am != 0
-    end = real.shape[1] - real.flip(1).long().argmax(1)  # [n] one past the last real column
-    starts, ends = c0[used], end[used]
+    end = torch.zeros_like(c0).scatter_reduce_(0, rows, cols + 1, reduce="amax")  # one past the last scored
+    starts, ends = c0[used], end[used]  # a row's last token predicts nothing: it is not run
     span = int((ends - starts).max())
     grid = starts[:, None] + torch.arange(span, device=ids.device)[None, :]  # [m, C] source columns
     inside = grid < ends[:, None]
