@@ -40,15 +40,44 @@ def _check_inputs(input_ids, attention_mask, micro_batch_size, temperature, chun
 def _block_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(target) and H for one contiguous block of positions: logits [c, V], targets [c]."""
+    if with_entropy:
+        return _LogpEntropy.apply(logits, targets, temperature)
     x = logits.float()  # [c, V]; the only float copy of this block
     if temperature != 1.0:
         x = x / temperature
     log_z = torch.logsumexp(x, dim=-1)  # [c]
-    logp = x.gather(-1, targets[:, None]).squeeze(-1) - log_z  # [c]
-    if not with_entropy:
-        return logp, None
-    # H = -sum p log p = log Z - sum p x   (p = softmax(x))
-    return logp, log_z - (torch.softmax(x, dim=-1) * x).sum(-1)
+    return x.gather(-1, targets[:, None]).squeeze(-1) - log_z, None  # [c]
+
+
+class _LogpEntropy(torch.autograd.Function):
+    """log p(target) and H = -sum p log p of p = softmax(logits / T), with a hand-written backward:
+    a few passes over the [c, V] block instead of autograd's chain through logsumexp, softmax and
+    their products. d logp_t / dx = onehot_t - p and dH / dx = -p (log p + H), both / T."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature):
+        y = logits.float().mul(1.0 / temperature)  # [c, V], a new tensor whatever the dtype
+        shift = y.amax(-1, keepdim=True)
+        y.sub_(shift)  # y = x - max
+        p = torch.exp(y)
+        z = p.sum(-1, keepdim=True)
+        p.div_(z)  # softmax
+        log_z = z.log()  # [c, 1]: log Z of y
+        logp = y.gather(-1, targets[:, None]) - log_z  # [c, 1]
+        h = log_z - torch.bmm(p[:, None, :], y[:, :, None]).view(-1, 1)  # log Z - sum p y
+        ctx.save_for_backward(y, p, log_z, h, targets)
+        ctx.temperature, ctx.dtype = temperature, logits.dtype
+        return logp.view(-1), h.view(-1)
+
+    @staticmethod
+    def backward(ctx, g_logp, g_h):
+        y, p, log_z, h, targets = ctx.saved_tensors
+        g_logp = torch.zeros_like(h) if g_logp is None else g_logp.float()[:, None]
+        g_h = torch.zeros_like(h) if g_h is None else g_h.float()[:, None]
+        # -p (g_logp + g_h (log p + H)), log p = y - log Z; then + g_logp at the target
+        grad = y.sub(log_z - h).mul_(g_h).add_(g_logp).mul_(p).neg_()
+        grad.scatter_add_(-1, targets[:, None], g_logp)
+        return grad.mul_(1.0 / ctx.temperature).to(ctx.dtype), None, None
 
 
 def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: bool, temperature: float,

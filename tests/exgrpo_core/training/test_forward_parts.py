@@ -185,8 +185,9 @@ def test_a_mini_batch_runs_its_prompts_once_for_all_micro_batches_with_the_same_
     assert shapes[True][:2] == [(1, 5), (micro, 3)]
     assert sum(a * b for a, b in shapes[True]) < sum(a * b for a, b in shapes[False])
     assert stats[True]["loss/total"] == pytest.approx(stats[False]["loss/total"], rel=1e-5, abs=1e-7)
-    for k, b in steps[False].items():
-        assert_close(steps[True][k], b, atol=1e-6 * float(b.abs().max()) + 1e-9, rtol=1e-4, msg=k)
+    for k, b in steps[False].items():  # the step is read back from float32 weights: their rounding too
+        assert_close(steps[True][k], b, atol=1e-6 * float(b.abs().max()) + 2.4e-7 * float(start[k].abs().max()),
+                     rtol=1e-4, msg=k)
     assert any(float(v.abs().max()) > 0 for v in steps[True].values())
 
 
