@@ -225,6 +225,9 @@ def compare(ref: dict, got: dict) -> dict:
     diff = {"weights_equal": got["weights"] == ref["weights"], "rows_lost": lost, "rows_extra": extra,
             "lost_by_table": {t: sum((ref["rows"][t] - got["rows"][t]).values()) for t in TABLES
                               if ref["rows"][t] - got["rows"][t]},
+            "first_differences": {t: {"reference_only": list((ref["rows"][t] - got["rows"][t]).elements())[:2],
+                                      "trial_only": list((got["rows"][t] - ref["rows"][t]).elements())[:2]}
+                                  for t in TABLES if ref["rows"][t] != got["rows"][t]},
             "duplicate_points": sum(n - 1 for n in pts.values() if n > 1),
             "missing_points": len(set(ref_pts) - set(pts)), "extra_points": len(set(pts) - set(ref_pts)),
             "orphaned_runs": (len(statuses) - statuses.count("finished")) + len(got["mlflow"]["unfinished"])

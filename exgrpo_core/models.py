@@ -221,12 +221,25 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", tiny: dict | None 
     else:
         source = str(convert_smollm2()) if name_or_path == SMOLLM2 else name_or_path
         model, tokenizer = _from_pretrained(name_or_path, source)
-    model = model.to(_DTYPES[dtype])
+    model = own_aligned_memory(model.to(_DTYPES[dtype]))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def own_aligned_memory(model: torch.nn.Module, alignment: int = 64) -> torch.nn.Module:
+    """Copy every CPU parameter and buffer that does not start on an `alignment`-byte boundary (safetensors
+    reads them as views into the file's bytes) into memory of its own. MKL's products with one row
+    round differently at different offsets, so a run resumed from a checkpoint scored a trajectory
+    in the 7th digit apart from the run that never stopped."""
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for t in table.values():
+                if t is not None and t.device.type == "cpu" and t.data_ptr() % alignment:
+                    t.data = t.data.clone(memory_format=torch.contiguous_format)
+    return model
 
 
 def _from_weight_shards(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

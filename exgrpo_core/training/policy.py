@@ -64,7 +64,7 @@ class _LogpEntropy(torch.autograd.Function):
         p.div_(z)  # softmax
         log_z = z.log()  # [c, 1]: log Z of y
         logp = y.gather(-1, targets[:, None]) - log_z  # [c, 1]
-        h = log_z - torch.bmm(p[:, None, :], y[:, :, None]).view(-1, 1)  # log Z - sum p y
+        h = log_z - (p * y).sum(-1, keepdim=True)  # log Z - sum p y (not a BLAS dot: its split varies by run)
         ctx.save_for_backward(y, p, log_z, h, targets)
         ctx.temperature, ctx.dtype = temperature, logits.dtype
         return logp.view(-1), h.view(-1)

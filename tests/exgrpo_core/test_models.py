@@ -72,6 +72,24 @@ def test_load_policy_tiny_generates_and_saves_for_auto_classes(tmp_path):
     assert model3.dtype == torch.bfloat16
 
 
+def test_a_reloaded_policy_owns_aligned_memory_and_computes_what_the_saved_one_did(tmp_path):
+    """Safetensors hands weights back as views at arbitrary offsets; MKL rounds one-row products
+    differently there (a resumed run's scores differed in the 7th digit): loads copy them out."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok).eval()
+    save_policy(model, tok, tmp_path / "p")
+    loaded, _ = load_policy(str(tmp_path / "p"))
+    loaded.eval()
+    tensors = list(loaded.parameters()) + list(loaded.buffers())
+    assert tensors and all(t.data_ptr() % 64 == 0 for t in tensors)
+    assert loaded.lm_head.weight is not loaded.model.embed_tokens.weight  # untied stays untied
+    g = torch.Generator().manual_seed(0)
+    for shape in [(1, 1), (1, 7), (3, 12)]:  # (1, 1): every product has one row
+        ids = torch.randint(5, len(tok), shape, generator=g)
+        with torch.no_grad():
+            assert torch.equal(model(input_ids=ids).logits, loaded(input_ids=ids).logits), shape
+
+
 def test_load_policy_errors_name_the_model(tmp_path, monkeypatch):
     with pytest.raises(ModelLoadError, match="local path .*/missing does not exist"):
         load_policy(str(tmp_path / "missing"))

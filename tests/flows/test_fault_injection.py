@@ -51,7 +51,7 @@ def _check(run, diff, kills_expected: int):
     assert len(run["kills"]) == kills_expected, run["kills"]
     assert not run["leaked"], f"processes outlived the killed `exgrpo train`: {run['leaked']}"
     assert diff["weights_equal"], "the resumed run's weights or optimiser differ from the uninterrupted run's"
-    assert (diff["rows_lost"], diff["rows_extra"]) == (0, 0), diff["lost_by_table"]
+    assert (diff["rows_lost"], diff["rows_extra"]) == (0, 0), (diff["lost_by_table"], diff["first_differences"])
     assert (diff["duplicate_points"], diff["missing_points"], diff["extra_points"]) == (0, 0, 0), diff
     assert diff["orphaned_runs"] == 0 and diff["exact"], diff
 
