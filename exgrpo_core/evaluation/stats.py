@@ -141,10 +141,11 @@ def first_reaching(x: Sequence[float], y: Sequence[float], target: float) -> flo
 
 def replay_vs_target(counts: Mapping[int, float], weights: Mapping[int, float]) -> list[dict]:
     """Per bucket k: replayed count, its share of all replays, and the target share (weights normalised
-    over the buckets listed). Shares below target mean the bucket was often empty or short."""
+    over the buckets listed; 0 for a bucket with no weight, e.g. question-uniform replay of a question whose
+    latest group got none right). Shares below target mean the bucket was often empty or short."""
     total, wsum = sum(counts.values()), sum(weights.values())
     return [{"k": k, "replayed": counts.get(k, 0), "share": counts.get(k, 0) / total if total else NAN,
-             "target": weights[k] / wsum if wsum else NAN} for k in sorted(set(counts) | set(weights))]
+             "target": weights.get(k, 0.0) / wsum if wsum else NAN} for k in sorted(set(counts) | set(weights))]
 
 
 def mcnemar_exact(b: int, c: int) -> float:

@@ -64,6 +64,9 @@ def test_replay_vs_target_shares():
     rows = stats.replay_vs_target({3: 6, 4: 2}, {3: 1.0, 4: 1.0, 5: 2.0})
     assert [(r["k"], r["replayed"], r["share"], r["target"]) for r in rows] == [
         (3, 6, 0.75, 0.25), (4, 2, 0.25, 0.25), (5, 0, 0.0, 0.5)]
+    rows = stats.replay_vs_target({0: 1, 3: 3}, {3: 1.0, 4: 1.0})  # a replay from a bucket without weight
+    assert [(r["k"], r["replayed"], r["share"], r["target"]) for r in rows] == [
+        (0, 1, 0.25, 0.0), (3, 3, 0.75, 0.5), (4, 0, 0.0, 0.5)]
 
 
 def test_mcnemar_exact_by_hand():
