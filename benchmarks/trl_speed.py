@@ -181,6 +181,9 @@ def main() -> None:
     if "onpolicy-generate" in arms:  # the code before rollout/decode.py, interleaved with the rest
         ours["onpolicy-generate"] = open_session(load_config(args.config, base + [
             "run.name=onpolicy-generate", "buffer.replay_ratio=0", "rollout.decoder=generate"]))
+    if "onpolicy-s1" in arms:  # sampling in one part (rollout.decode_streams=1; the default is 2 at 2 threads)
+        ours["onpolicy-s1"] = open_session(load_config(args.config, base + [
+            "run.name=onpolicy-s1", "buffer.replay_ratio=0", "rollout.decode_streams=1"]))
     if "onpolicy-s2" in arms:  # sampling in two concurrent parts (rollout.decode_streams=2): run with --threads 2
         ours["onpolicy-s2"] = open_session(load_config(args.config, base + [
             "run.name=onpolicy-s2", "buffer.replay_ratio=0", "rollout.decode_streams=2"]))
@@ -265,14 +268,20 @@ def main() -> None:
         print(f"{arm} / TRL, median of per-step ratios: wall {result[f'{key}_over_trl_median_ratio']:.3f}, "
               f"CPU-s {result[f'{key}_over_trl_cpu_ratio']:.3f}, CPU-s per generated token "
               f"{result[f'{key}_over_trl_cpu_per_token_ratio']:.3f}")
-    if "onpolicy" in times and "onpolicy-s2" in times:  # two decode streams against one, step by step
-        pairs = list(zip(times["onpolicy"][w:], times["onpolicy-s2"][w:]))
+    base_arm = "onpolicy-s1" if "onpolicy-s1" in times else "onpolicy"
+    if base_arm in times and "onpolicy-s2" in times:  # two decode streams against one, step by step
+        pairs = list(zip(times[base_arm][w:], times["onpolicy-s2"][w:]))
+        tag = f"onpolicy_s2_over_{base_arm.replace('-', '_')}"
         for k in ("iteration", "cpu", *[s for s in STAGES if s in pairs[0][0]]):
             ratios = [b[k] / a[k] for a, b in pairs if a[k]]
             if ratios:
-                result[f"onpolicy_s2_over_onpolicy_{k}_ratio"] = statistics.median(ratios)
-        print("onpolicy-s2 / onpolicy, median of per-step ratios: " + ", ".join(
-            f"{k.removeprefix('onpolicy_s2_over_onpolicy_')} {v:.3f}" for k, v in result.items() if k.startswith("onpolicy_s2")))
+                result[f"{tag}_{k}_ratio"] = statistics.median(ratios)
+        per_token = [(b["rollout"] / max(b["tokens"], 1)) / (a["rollout"] / max(a["tokens"], 1)) for a, b in pairs
+                     if a.get("rollout")]
+        if per_token:  # the arms sample different answers: compare sampling per generated token
+            result[f"{tag}_rollout_per_token_ratio"] = statistics.median(per_token)
+        print(f"onpolicy-s2 / {base_arm}, median of per-step ratios: " + ", ".join(
+            f"{k.removeprefix(tag + '_')} {v:.3f}" for k, v in result.items() if k.startswith(tag)))
     name = f"trl_speed_{args.config}{'_' + args.tag if args.tag else ''}.json"
     save_result(name, result)
 

@@ -140,7 +140,9 @@ class RolloutConfig(_Section):
     """(transformers, own decoder, CPU) Decode each batch of sampling and evaluation in this many parts,
     each in its own Python thread with its share of torch's threads (0: auto, min(2, torch threads));
     parts of fewer than 8 rows are not made. The same samples for a seed (every step's uniforms are drawn
-    for the whole batch); small decode GEMMs scale badly over torch's intra-op threads."""
+    for the whole batch); small decode GEMMs scale badly over torch's intra-op threads, and on a shared
+    machine every op waits for its slowest thread. On an idle 2-core machine 1 decodes ~15% faster
+    (benchmarks/README.md, issue 21)."""
     rescore: Literal["auto", "always"] = "auto"
     """Trainer forward over fresh rollouts for behaviour log-probs and H(o). `always`: as verl / the
     authors' code. `auto`: skipped when the sampler's numbers already are the trainer's (transformers
