@@ -17,6 +17,12 @@ results/arith_compare_<name>_seeds.json with the commit it trained on, and the p
 rebuilt from the archive: a later session (a fresh checkout without the runs/ folder) runs only the
 seeds the archive lacks. The archive remembers the preset, arms and overrides; other settings under
 the same name are refused (use another --name).
+
+Two workers on a 2-core machine: run the second under another name on other seeds, then fold its
+archive in (same settings required) and republish:
+
+    python benchmarks/arith_compare.py --arms all-paper --seeds 9-15 --name af-ablations-w2
+    python benchmarks/arith_compare.py --arms all-paper --seeds 0-15 --name af-ablations --merge-from af-ablations-w2
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ def main() -> int:
     ap.add_argument("--import-report", default=None, metavar="JSON",
                     help="archive the seeds of an earlier comparison report (flows' compare_<name>.json) first")
     ap.add_argument("--import-commit", default="unknown", help="the commit that report's runs trained on")
+    ap.add_argument("--merge-from", action="append", default=[], metavar="NAME",
+                    help="first add the seeds of another worker's archive (same settings, other --name)")
     a = ap.parse_args()
     import torch
 
@@ -82,6 +90,14 @@ def main() -> int:
     if a.import_report:
         seed_archive.import_report(archive, Path(a.import_report), a.import_commit)
         seed_archive.save(archive)
+    for other in a.merge_from:
+        try:
+            added = seed_archive.merge(archive, other)
+        except seed_archive.ArchiveError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        seed_archive.save(archive)
+        print(f"merged seeds {added} from {other}", flush=True)
     overrides = [f"run.output_dir={a.output_dir}", *extra]
     for seed in [s for s in seeds if str(s) not in archive["seeds"]]:
         t0 = time.time()

@@ -70,6 +70,19 @@ def import_report(archive: dict, path: Path, at_commit: str) -> list[int]:
     return added
 
 
+def merge(archive: dict, other_name: str, folder: Path | None = None) -> list[int]:
+    """Add the seeds of archive `other_name` (a second worker's, same settings) that `archive` lacks;
+    returns the seeds added. Different settings are refused like `load`."""
+    folder = Path(folder) if folder else Path(archive["path"]).parent
+    if not (folder / f"arith_compare_{other_name}_seeds.json").exists():
+        raise ArchiveError(f"no archive named {other_name!r} in {folder}")
+    other = load(other_name, archive["fingerprint"], folder)
+    added = sorted((s for s in other["seeds"] if s not in archive["seeds"]), key=int)
+    for s in added:
+        archive["seeds"][s] = copy.deepcopy(other["seeds"][s])
+    return [int(s) for s in added]
+
+
 def results(archive: dict) -> list[dict]:
     """Every archived (arm, seed) as compare_report's results, seed-major; rows get `bucket_occupancy`
     from their curves when an older report lacks it."""

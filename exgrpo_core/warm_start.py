@@ -7,6 +7,11 @@ questions disjoint from the RL `train` and held-out `test` splits). How far it i
 policy that solves some questions some of the time. The result is saved once under
 $EXGRPO_CACHE/tiny-sft-<hash of the settings> (default ~/.cache/exgrpo) and reused by every run and
 seed with the same settings; the run's own seed plays no part in it.
+
+Trained weights depend on the CPU (BLAS kernels and vector widths sum in different orders), so the
+arith-fast preset's warm start ships in the repository (`datasets/tiny-sft-<hash>.safetensors`, with
+its SHA-256 in `datasets/tiny-sft-<hash>.json`): every machine starts from the same weights, and
+paired comparisons archived on one machine can be continued on another. Other settings are trained.
 """
 
 from __future__ import annotations
@@ -31,6 +36,36 @@ def settings_key(tiny: dict, warm: dict) -> str:
     """A short stable hash of everything that determines the warm-started weights."""
     blob = json.dumps({"tiny": tiny, "warm": warm, "version": FORMAT_VERSION}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+SHIPPED = Path(__file__).resolve().parent / "datasets"
+
+
+def shipped_weights(tiny: dict, warm: dict) -> Path | None:
+    """The repository's copy of the warm-started weights for these settings, or None."""
+    p = SHIPPED / f"{TINY_SFT}-{settings_key(tiny, warm)}.safetensors"
+    return p if p.is_file() else None
+
+
+def ship(tiny: dict, warm: dict, dest: Path = SHIPPED) -> Path:
+    """Copy the (cached or newly trained) warm start's weights into `dest` with their SHA-256 and
+    settings: `warm_started` then uses them instead of training."""
+    folder = warm_started(tiny, warm)
+    key = settings_key(tiny, warm)
+    out = Path(dest) / f"{TINY_SFT}-{key}.safetensors"
+    shutil.copyfile(folder / "model.safetensors", out)
+    (Path(dest) / f"{TINY_SFT}-{key}.json").write_text(json.dumps(
+        {"tiny": tiny, "warm": warm, "version": FORMAT_VERSION, "sha256": weights_sha256(folder),
+         "trained_on": _cpu_name()}, indent=1) + "\n")
+    return out
+
+
+def _cpu_name() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(x.split(":", 1)[1].strip() for x in lines if x.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
 
 
 def cache_dir(tiny: dict, warm: dict) -> Path:
@@ -104,20 +139,28 @@ def warm_started(tiny: dict, warm: dict) -> Path:
         return target
     tokenizer = models.build_tiny_tokenizer()
     model = models.build_tiny_model(tokenizer, **tiny, seed=warm["seed"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread: the same weights whatever the caller's thread count
-    try:
-        losses = fine_tune(model, tokenizer, steps=warm["steps"], lr=warm["lr"], batch_size=warm["batch_size"],
-                           seed=warm["seed"])
-    finally:
-        torch.set_num_threads(threads)
+    shipped, losses = shipped_weights(tiny, warm), []
+    if shipped is None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # one thread: the same weights whatever the caller's thread count
+        try:
+            losses = fine_tune(model, tokenizer, steps=warm["steps"], lr=warm["lr"], batch_size=warm["batch_size"],
+                               seed=warm["seed"])
+        finally:
+            torch.set_num_threads(threads)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        models.save_policy(model, tokenizer, tmp)
+        models.save_policy(model, tokenizer, tmp)  # config and tokenizer; the weights are the shipped ones
+        if shipped is not None:
+            shutil.copyfile(shipped, tmp / "model.safetensors")
+            want = json.loads(shipped.with_suffix(".json").read_text())["sha256"]
+            if weights_sha256(tmp) != want:
+                raise ValueError(f"{shipped} does not match the SHA-256 in {shipped.with_suffix('.json').name}")
         (tmp / "exgrpo_warm_start.json").write_text(json.dumps(
             {"tiny": tiny, "warm": warm, "version": FORMAT_VERSION, "first_loss": losses[0] if losses else None,
-             "last_loss": losses[-1] if losses else None, "sha256": weights_sha256(tmp)}))
+             "last_loss": losses[-1] if losses else None, "sha256": weights_sha256(tmp),
+             "source": str(shipped.name) if shipped else "trained"}))
         tmp.chmod(0o755)
         os.rename(tmp, target)
     except OSError:

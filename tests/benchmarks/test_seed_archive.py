@@ -56,3 +56,23 @@ def test_a_seed_missing_an_arm_is_not_archived(tmp_path):
 
 def test_nulls_become_nan_again():
     assert math.isnan(seed_archive._nan({"a": [None]})["a"][0])
+
+
+def test_a_second_workers_archive_merges_in_and_other_settings_do_not(tmp_path):
+    main = seed_archive.load("main", FP, tmp_path)
+    seed_archive.import_report(main, REPORT, "abc")
+    first = sorted(main["seeds"], key=int)[0]
+    worker = {**seed_archive.load("w2", FP, tmp_path), "seeds": {}}
+    for s in sorted(main["seeds"], key=int)[1:]:
+        worker["seeds"][s] = main["seeds"].pop(s)
+    seed_archive.save(main)
+    seed_archive.save(worker)
+    main = seed_archive.load("main", FP, tmp_path)
+    added = seed_archive.merge(main, "w2")
+    assert added and str(first) not in [str(s) for s in added] and sorted(main["seeds"], key=int)[0] == first
+    assert seed_archive.merge(main, "w2") == []  # nothing twice
+    seed_archive.save({**seed_archive.load("odd", {**FP, "overrides": ["train.lr=1"]}, tmp_path)})
+    with pytest.raises(seed_archive.ArchiveError, match="use another --name"):
+        seed_archive.merge(main, "odd")
+    with pytest.raises(seed_archive.ArchiveError, match="no archive named 'nope'"):
+        seed_archive.merge(main, "nope")

@@ -79,3 +79,45 @@ def test_warm_start_weights_do_not_depend_on_the_thread_count(tmp_path, monkeypa
         shas.append(warm_start.weights_sha256(folder))
         assert json.loads((folder / "exgrpo_warm_start.json").read_text())["sha256"] == shas[-1]
     assert shas[0] == shas[1] and torch.get_num_threads() == before
+
+
+def _preset_settings():
+    from exgrpo_core.config_io import load_config
+
+    m = load_config("arith-fast", []).model
+    return m.tiny.model_dump(), m.warm_start.model_dump()
+
+
+def test_the_presets_warm_start_is_shipped_and_used_without_training(tmp_path, monkeypatch):
+    tiny, warm = _preset_settings()
+    shipped = warm_start.shipped_weights(tiny, warm)
+    assert shipped is not None, "arith-fast's warm start must ship in exgrpo_core/datasets"
+    want = json.loads(shipped.with_suffix(".json").read_text())
+    assert want["tiny"] == tiny and want["warm"] == warm and want["version"] == warm_start.FORMAT_VERSION
+    monkeypatch.setenv("EXGRPO_CACHE", str(tmp_path))
+    monkeypatch.setattr(warm_start, "fine_tune", lambda *a, **k: pytest.fail("trained a shipped warm start"))
+    folder = warm_start.warm_started(tiny, warm)
+    assert warm_start.weights_sha256(folder) == want["sha256"]
+    assert json.loads((folder / "exgrpo_warm_start.json").read_text())["source"] == shipped.name
+    model, tok = load_policy(TINY_SFT, tiny=tiny, warm_start=warm)
+    prompt = tok.apply_chat_template([{"role": "user", "content": arith_task.question_text("+", 47, 38)}],
+                                     add_generation_prompt=True, tokenize=False)
+    ids = tok(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert "=" in tok.decode(out[0, ids.shape[1]:])  # the worked format, learnt in the warm start
+
+
+def test_a_shipped_file_that_does_not_match_its_sha_is_refused(tmp_path, monkeypatch):
+    tiny, warm = _preset_settings()
+    real = warm_start.shipped_weights(tiny, warm)
+    ship_dir = tmp_path / "ship"
+    ship_dir.mkdir()
+    body = bytearray(real.read_bytes())
+    body[-1] ^= 1
+    (ship_dir / real.name).write_bytes(bytes(body))
+    (ship_dir / real.with_suffix(".json").name).write_text(real.with_suffix(".json").read_text())
+    monkeypatch.setattr(warm_start, "SHIPPED", ship_dir)
+    monkeypatch.setenv("EXGRPO_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match="does not match the SHA-256"):
+        warm_start.warm_started(tiny, warm)
+    assert not warm_start.cache_dir(tiny, warm).exists()
