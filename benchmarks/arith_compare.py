@@ -10,7 +10,7 @@ stopping it at any moment leaves complete seed pairs plus at most one partial se
 the comparison report of the complete seeds so far (table, paired statistics against on_policy with
 95% intervals, replays by source bucket, plots) is copied to benchmarks/results/arith_compare_<name>.*
 with the seed count. Rerun the same command to resume: finished child runs are read back from
-their databases, an interrupted one resumes from its last checkpoint. One torch thread per process.
+their databases, an interrupted one resumes from its last checkpoint. One torch thread per process (`--threads`).
 
 Each finished seed (every arm's row, curves and per-question results) is archived in
 results/arith_compare_<name>_seeds.json with the commit it trained on, and the published report is
@@ -65,6 +65,7 @@ def main() -> int:
     ap.add_argument("--seeds", default="0-15", help="e.g. 0-15 or 0,1,2")
     ap.add_argument("--steps", type=int, default=None, help="run.steps (default: the preset's)")
     ap.add_argument("--name", default="af-main", help="comparison name (child runs resume on it)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the SmolLM2 preset: 2)")
     ap.add_argument("--output-dir", default=str(HERE.parent / "runs"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more overrides for every arm")
     ap.add_argument("--import-report", default=None, metavar="JSON",
@@ -75,7 +76,7 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     from flows.compare import compare
 
     arms = PAPER_ARMS if a.arms == "all-paper" else [x.strip() for x in a.arms.split(",")]

@@ -4,6 +4,7 @@
 
 tiny-arith: every "a+b" with a+b <= 9 plus nine "a-b", for the tiny char-level preset.
 arith-easy(-test): mixed-difficulty arithmetic for the CPU demo, 240 train / 80 test (mix from calibrate_cpu_demo.py).
+arith-half(-test): the same 320 questions re-split 160 / 160 per category (the SmolLM2 confirmation's held-out).
 gsm8k-easy(-test): the shortest 1-2 step GSM8K problems (MIT, OpenAI), train from train.jsonl, test from test.jsonl.
 exgrpo-eval-ood.parquet: the `ood` evaluation suite, the authors' ARC-c and GPQA-Diamond verl rows (--ood folder)
 unchanged, in one zstd-compressed file (checked against the sources' sha256 and read back row by row).
@@ -72,6 +73,22 @@ def arith_easy(seed: int = 0, counts: dict[str, int] = ARITH_COUNTS) -> tuple[li
             [{"id": f"arith-easy-test-{i:03d}", **r} for i, r in enumerate(test)])
 
 
+def arith_easy_half(train: list[dict], test: list[dict], seed: int = 1) -> tuple[list[dict], list[dict]]:
+    """arith-easy and arith-easy-test pooled (320 questions) and re-split half / half within each category:
+    a held-out set of 160 for the SmolLM2 confirmation (issue 15, part 4), same mix as training."""
+    rng = random.Random(seed)
+    halves: tuple[list[dict], list[dict]] = ([], [])
+    for cat in CATEGORIES:
+        rows = [{k: r[k] for k in ("question", "answer", "category")} for r in train + test if r["category"] == cat]
+        rng.shuffle(rows)
+        halves[0].extend(rows[:len(rows) // 2])
+        halves[1].extend(rows[len(rows) // 2:])
+    for half in halves:
+        rng.shuffle(half)
+    return ([{"id": f"arith-half-{i:03d}", **r} for i, r in enumerate(halves[0])],
+            [{"id": f"arith-half-test-{i:03d}", **r} for i, r in enumerate(halves[1])])
+
+
 def gsm8k_easy(path: Path, n: int, prefix: str) -> list[dict]:
     """The n easiest GSM8K rows: fewest calculator steps, then shortest question; integer answers < 1000."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -132,6 +149,9 @@ def main() -> None:
     train, test = arith_easy()
     _write("arith-easy", train)
     _write("arith-easy-test", test)
+    half, half_test = arith_easy_half(train, test)
+    _write("arith-half", half)
+    _write("arith-half-test", half_test)
     _write("gsm8k-easy", gsm8k_easy(args.gsm8k / "train.jsonl", 300, "gsm8k-easy"))
     _write("gsm8k-easy-test", gsm8k_easy(args.gsm8k / "test.jsonl", 100, "gsm8k-easy-test"))
     ood_suite(args.ood)
