@@ -7,7 +7,10 @@ temperature and response length) is sampled by each mode in turn, round after ro
 seed: `generate` (transformers' loop, the code before), `own-keep` (our loop with finished rows kept
 and the cache concatenated), `own-drop` (finished rows dropped), `own-noprefix` (dropped + the cache written in
 place), `own` (and the prompts' common prefix prefilled once: the default), `own-s2` (in two concurrent parts,
-`rollout.decode_streams=2`: run it with `--threads 2`). The own modes must give identical tokens (checked). Reported per mode: median wall
+`rollout.decode_streams=2`: run it with `--threads 2`); `-torch` modes multiply with torch's product instead of
+packed oneDNN weights (`rollout.decode_matmul=torch`; own-keep / own-drop / own-noprefix use it too, as
+when they were measured). The own modes must give identical tokens (checked, except across matmul kinds,
+whose float rounding may flip a token: the share of identical rows is printed). Reported per mode: median wall
 and CPU seconds, ratio to `generate` per round, row-steps executed vs useful (tokens up to each row's
 end), model FLOPs executed vs useful, and the floor = useful FLOPs / this machine's measured fp32
 matmul rate per CPU-second (`flops_meter.matmul_rate`), compared with the CPU seconds spent (on a
@@ -27,12 +30,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+_T = dict(matmul="torch")
 MODES = {"generate": dict(decoder="generate"),
-         "own-keep": dict(decoder="own", drop_finished=False, static_cache=False, streams=1),
-         "own-drop": dict(decoder="own", drop_finished=True, static_cache=False, streams=1),
-         "own-noprefix": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=10 ** 9, streams=1),
-         "own": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=2, streams=1),
-         "own-s2": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=2, streams=2)}
+         "own-keep": dict(decoder="own", drop_finished=False, static_cache=False, streams=1, **_T),
+         "own-drop": dict(decoder="own", drop_finished=True, static_cache=False, streams=1, **_T),
+         "own-noprefix": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=10 ** 9, streams=1, **_T),
+         "own-torch": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=2, streams=1, **_T),
+         "own": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=2, streams=1, matmul="auto"),
+         "own-s2-torch": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=2, streams=2, **_T),
+         "own-s2": dict(decoder="own", drop_finished=True, static_cache=True, min_prefix=2, streams=2, matmul="auto")}
 
 
 def main() -> None:
@@ -50,6 +56,7 @@ def main() -> None:
 
     from exgrpo_core import data, models
     from exgrpo_core.config_io import load_config
+    from exgrpo_core.rollout import packed
     from exgrpo_core.rollout.engine import TransformersEngine
     from flops_meter import decode_flops, matmul_rate
 
@@ -70,27 +77,33 @@ def main() -> None:
           f"on {torch.get_num_threads()} thread(s)")
     rows: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(args.rounds):
-        ref = None
+        ref: dict[str, list] = {}
         for m in modes:
             for k, v in MODES[m].items():
                 setattr(engine, k, v)
             engine.row_steps = 0
             torch.manual_seed(1000 + r)
+            packed._PACKS.clear()  # packing counted in every call: training changes the weights every step
             c0, t0 = time.process_time(), time.perf_counter()
             gens = engine.generate(prompts, K, temperature=temp, max_new_tokens=T)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             flat = [g for grp in gens for g in grp]
             lens = [len(g.response_ids) for g in flat]
+            same = None
             if m.startswith("own"):
-                ids = [g.response_ids for g in flat]
-                assert ref is None or ids == ref, f"{m} sampled other tokens than the other own modes"
-                ref = ids
+                ids, kind = [g.response_ids for g in flat], MODES[m]["matmul"]
+                assert ref.get(kind) in (None, ids), f"{m} sampled other tokens than the other own {kind} modes"
+                ref[kind] = ids
+                other = ref.get("torch" if kind == "auto" else "auto")
+                same = None if other is None else sum(a == b for a, b in zip(ids, other)) / len(ids)
             executed, useful = decode_flops(model, prompts, K, lens, engine.row_steps)
             rows[m].append(dict(wall_s=wall, cpu_s=cpu, row_steps=engine.row_steps, useful_row_steps=sum(lens),
+                                same_rows_as_other_matmul=same,
                                 tokens=sum(lens), executed_gflop=executed / 1e9, useful_gflop=useful / 1e9,
                                 floor_cpu_s=useful / rate, floor_wall_s=useful / wall_rate))
             print(f"round {r} {m:9s} wall {wall:6.2f}s cpu {cpu:6.2f}s row-steps {engine.row_steps:5d} "
-                  f"useful {sum(lens):5d} executed {executed / 1e9:6.1f} useful {useful / 1e9:6.1f} GFLOP", flush=True)
+                  f"useful {sum(lens):5d} executed {executed / 1e9:6.1f} useful {useful / 1e9:6.1f} GFLOP"
+                  + ("" if same is None else f" same rows as the other matmul {same:.2f}"), flush=True)
     uptime.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     summary = {}
     for m in modes:

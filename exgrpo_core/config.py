@@ -143,6 +143,11 @@ class RolloutConfig(_Section):
     for the whole batch); small decode GEMMs scale badly over torch's intra-op threads, and on a shared
     machine every op waits for its slowest thread. On an idle 2-core machine 1 decodes ~15% faster
     (benchmarks/README.md, issue 21)."""
+    decode_matmul: Literal["auto", "torch"] = "auto"
+    """(transformers, own decoder) `auto`: when sampling runs on the CPU in float32, the linear layers
+    multiply by weights packed once into oneDNN's layout (rollout/packed.py): 1.3-1.6x faster at the
+    few rows of a decode step; the same product up to float rounding (~1e-6), so the same tokens
+    except where a draw falls that close to a boundary. `torch`: torch's default product (MKL)."""
     rescore: Literal["auto", "always"] = "auto"
     """Trainer forward over fresh rollouts for behaviour log-probs and H(o). `always`: as verl / the
     authors' code. `auto`: skipped when the sampler's numbers already are the trainer's (transformers

@@ -283,6 +283,7 @@ def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str):
         engine = TransformersEngine(model, tokenizer, top_p=cfg.rollout.top_p,
                                     batch_size=cfg.rollout.generation_batch_size)
         engine.decoder, engine.streams = cfg.rollout.decoder, cfg.rollout.decode_streams
+        engine.matmul = cfg.rollout.decode_matmul
         return engine
     if cfg.rollout.engine == "remote":  # the server may hold other weights (another run, a checkpoint): push
         from exgrpo_core.rollout.remote import RemoteEngine

@@ -40,7 +40,7 @@ def generation_args(cfg: ExGRPOConfig) -> dict:
                 max_prompt_tokens=cfg.rollout.max_prompt_tokens,
                 batch_size=e.batch_size or cfg.rollout.generation_batch_size, seed=cfg.run.seed,
                 pass_k=list(e.pass_k), require_think=cfg.reward.require_think,
-                decode_streams=cfg.rollout.decode_streams)
+                decode_streams=cfg.rollout.decode_streams, decode_matmul=cfg.rollout.decode_matmul)
 
 
 class EvalProgress:

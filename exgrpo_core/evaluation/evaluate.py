@@ -133,7 +133,8 @@ def generate_and_grade(model, tokenizer, items: list[EvalItem], verify: Verify, 
                        temperature: float = 0.6, top_p: float = 1.0, max_new_tokens: int = 8192,
                        max_prompt_tokens: int = 1024, batch_size: int = 64, seed: int = 0,
                        progress: Callable[[int, int], None] | None = None, engine=None,
-                       require_think: bool = False, decode_streams: int = 1) -> list[QuestionResult]:
+                       require_think: bool = False, decode_streams: int = 1,
+                       decode_matmul: str = "auto") -> list[QuestionResult]:
     """Sample `repeats * samples` responses per item with the rollout engine and grade them.
 
     Each item is graded by its own grader (`EvalItem.grader`): `verify` (math-verify) gets the math
@@ -145,11 +146,12 @@ def generate_and_grade(model, tokenizer, items: list[EvalItem], verify: Verify, 
     (`verify` must be thread-safe: `MathVerifier.verify` is). Runs under a forked RNG seeded with `seed`. `engine`: any
     object with the rollout engine's `generate` already set to top_p / batch_size (e.g. a training
     run's team of processes); default: a transformers engine over `model` that computes tokens only (no
-    log-probs or entropies: the same tokens) and decodes in `decode_streams` parts (`rollout.decode_streams`).
+    log-probs or entropies: the same tokens) and decodes in `decode_streams` parts (`rollout.decode_streams`)
+    with `decode_matmul`'s products (`rollout.decode_matmul`).
     """
     if engine is None:
         engine = TransformersEngine(model, tokenizer, top_p=top_p, batch_size=batch_size)
-        engine.scores, engine.streams = False, decode_streams
+        engine.scores, engine.streams, engine.matmul = False, decode_streams, decode_matmul
     prompts = [data.prompt_token_ids(tokenizer, it.question, max_prompt_tokens) for it in items]
     order = sorted(range(len(items)), key=lambda i: (items[i].repeats, len(prompts[i])))
     results: list[QuestionResult | None] = [None] * len(items)

@@ -20,6 +20,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from exgrpo_core.rollout.decode import Sampled, decode, prefix_prefill
+from exgrpo_core.rollout.packed import packed_linears
 from exgrpo_core.training import fsdp
 from exgrpo_core.training.forward_parts import cache_kw, copied_prompt_cache
 from exgrpo_core.types import Generation
@@ -70,6 +71,8 @@ class TransformersEngine:
         self.streams = 1  # (own, CPU) a batch is decoded in this many parts, each in its own thread;
         # 0: auto, min(2, torch threads) (`rollout.decode_streams`)
         self.min_stream_rows = 8  # (own) rows each part needs, or fewer parts
+        self.matmul = "auto"  # (own) "auto": linear layers on oneDNN with packed weights on a float32 CPU
+        # (rollout/packed.py); "torch": torch's own product (`rollout.decode_matmul`)
         self.row_steps = 0  # decode row-steps computed so far (rows in a forward, summed over steps)
 
     @torch.no_grad()
@@ -81,8 +84,9 @@ class TransformersEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            for i in range(0, len(flat), self.batch_size):
-                out.extend(self._generate_chunk(flat[i:i + self.batch_size], temperature, max_new_tokens))
+            with packed_linears(self.model, self.matmul == "auto" and self.decoder == "own" and not self.synced):
+                for i in range(0, len(flat), self.batch_size):
+                    out.extend(self._generate_chunk(flat[i:i + self.batch_size], temperature, max_new_tokens))
         finally:
             self.model.train(was_training)
         ends = list(itertools.accumulate(counts))
