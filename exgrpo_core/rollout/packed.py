@@ -7,19 +7,16 @@ reads it 1.3-1.6x faster (benchmarks/README.md, issue 21). The product is the sa
 rounding of its sums differs (~1e-6 relative), so tokens stay the same except where a uniform falls
 within that distance of a boundary of the sampling CDF.
 
-Packed copies are cached per module and rebuilt when the weight changes: an optimiser step or a
-`copy_` bumps the tensor's version, a new storage changes its address.
+Weights are packed anew on entering `packed_linears` (once per `generate` call of the engine) and
+dropped on leaving: a weight's version cannot tell whether it changed (the fused AdamW step writes
+the parameters without bumping it), and packing costs a few percent of a decode.
 """
 
 from __future__ import annotations
 
 import contextlib
-import weakref
 
 import torch
-
-_PACKS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[int, int], torch.Tensor]]" = \
-    weakref.WeakKeyDictionary()
 
 
 def available(model: torch.nn.Module) -> bool:
@@ -30,14 +27,8 @@ def available(model: torch.nn.Module) -> bool:
 
 
 def packed_weight(mod: torch.nn.Linear) -> torch.Tensor:
-    """`mod.weight` in oneDNN's layout, reordered again only when the weight changed."""
-    w = mod.weight
-    key = (w.data_ptr(), w._version)
-    hit = _PACKS.get(mod)
-    if hit is None or hit[0] != key:
-        hit = (key, torch.ops.mkldnn._reorder_linear_weight(w.detach(), None))
-        _PACKS[mod] = hit
-    return hit[1]
+    """A copy of `mod.weight` in oneDNN's blocked layout."""
+    return torch.ops.mkldnn._reorder_linear_weight(mod.weight.detach(), None)
 
 
 def _forward(mod: torch.nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -48,9 +39,9 @@ def _forward(mod: torch.nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> tor
 
 @contextlib.contextmanager
 def packed_linears(model: torch.nn.Module, enabled: bool = True):
-    """Within the block, every float32 CPU `nn.Linear` of `model` multiplies by its packed weight (no
-    autograd: decoding only). Yields the number of layers switched; 0 when `enabled` is False or
-    `available(model)` is not."""
+    """Within the block, every float32 CPU `nn.Linear` of `model` multiplies by a copy of its weight
+    packed on entry (no autograd: decoding only; the weights must not change inside the block). Yields
+    the number of layers switched; 0 when `enabled` is False or `available(model)` is not."""
     patched: list[torch.nn.Module] = []
     if enabled and not torch.is_grad_enabled() and available(model):
         for mod in model.modules():
