@@ -149,7 +149,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for all arms")
     ap.add_argument("--arms", default="trl,onpolicy,exgrpo",
                     help="of trl, onpolicy, exgrpo, onpolicy-generate (on-policy with rollout.decoder=generate), "
-                         "onpolicy-s2 (on-policy with rollout.decode_streams=2)")
+                         "onpolicy-s1 / -s2 (rollout.decode_streams=1 / 2), onpolicy-torch (rollout.decode_matmul=torch)")
     ap.add_argument("--tag", default="", help="suffix of the results file (e.g. before / after)")
     ap.add_argument("--set", action="append", default=[], help="config overrides for every arm")
     args = ap.parse_args()
@@ -187,6 +187,9 @@ def main() -> None:
     if "onpolicy-s2" in arms:  # sampling in two concurrent parts (rollout.decode_streams=2): run with --threads 2
         ours["onpolicy-s2"] = open_session(load_config(args.config, base + [
             "run.name=onpolicy-s2", "buffer.replay_ratio=0", "rollout.decode_streams=2"]))
+    if "onpolicy-torch" in arms:  # decode products by torch, not on packed oneDNN weights (rollout.decode_matmul)
+        ours["onpolicy-torch"] = open_session(load_config(args.config, base + [
+            "run.name=onpolicy-torch", "buffer.replay_ratio=0", "rollout.decode_matmul=torch"]))
     if "exgrpo" in arms:
         ours["exgrpo"] = open_session(load_config(args.config, base + ["run.name=exgrpo"]))
     times: dict[str, list[dict]] = {a: [] for a in arms}
