@@ -74,6 +74,9 @@ def main() -> int:
     ap.add_argument("--merge-from", action="append", default=[], metavar="NAME",
                     help="first add the seeds of another worker's archive (same settings, other --name)")
     a = ap.parse_args()
+    from flows.prefect_api import serve_prefect_api
+
+    serve_prefect_api()  # unless PREFECT_API_URL is set: a Prefect API that dies with this driver, even on SIGKILL
     import torch
 
     torch.set_num_threads(a.threads)
