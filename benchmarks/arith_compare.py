@@ -49,6 +49,14 @@ PAPER_ARMS = ["on_policy", "exgrpo", "no_question_selection", "no_trajectory_sel
               "no_policy_shaping", "rho_0.25", "rho_0.75"]
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (got {n})")
+    return n
+
+
 def parse_seed_range(text: str) -> list[int]:
     """"0-3,7" -> [0, 1, 2, 3, 7]."""
     out: list[int] = []
@@ -65,7 +73,7 @@ def main() -> int:
     ap.add_argument("--seeds", default="0-15", help="e.g. 0-15 or 0,1,2")
     ap.add_argument("--steps", type=int, default=None, help="run.steps (default: the preset's)")
     ap.add_argument("--name", default="af-main", help="comparison name (child runs resume on it)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (the SmolLM2 preset: 2)")
+    ap.add_argument("--threads", type=positive_int, default=1, help="torch threads (the SmolLM2 preset: 2)")
     ap.add_argument("--output-dir", default=str(HERE.parent / "runs"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more overrides for every arm")
     ap.add_argument("--import-report", default=None, metavar="JSON",
@@ -74,13 +82,9 @@ def main() -> int:
     ap.add_argument("--merge-from", action="append", default=[], metavar="NAME",
                     help="first add the seeds of another worker's archive (same settings, other --name)")
     a = ap.parse_args()
-    from flows.prefect_api import serve_prefect_api
-
-    serve_prefect_api()  # unless PREFECT_API_URL is set: a Prefect API that dies with this driver, even on SIGKILL
     import torch
 
     torch.set_num_threads(a.threads)
-    from flows.compare import compare
 
     arms = PAPER_ARMS if a.arms == "all-paper" else [x.strip() for x in a.arms.split(",")]
     seeds = parse_seed_range(a.seeds)
@@ -102,6 +106,11 @@ def main() -> int:
             return 2
         seed_archive.save(archive)
         print(f"merged seeds {added} from {other}", flush=True)
+    from flows.prefect_api import serve_prefect_api
+
+    serve_prefect_api()  # after the checks above; unless PREFECT_API_URL is set, a Prefect API that dies with this driver
+    from flows.compare import compare
+
     overrides = [f"run.output_dir={a.output_dir}", *extra]
     for seed in [s for s in seeds if str(s) not in archive["seeds"]]:
         t0 = time.time()
