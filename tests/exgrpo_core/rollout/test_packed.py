@@ -9,7 +9,6 @@ from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.rollout import packed
 from exgrpo_core.rollout.engine import TransformersEngine
 
-pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
 
 def _model(seed=0):
