@@ -23,6 +23,10 @@ prompt once and each response token once through sampling and through forward + 
 prompt tokens are estimated as B x the mean prompt length of the training set), the floor = useful
 FLOPs / this machine's fp32 matmul rate per CPU-second, and the ratio CPU-s / floor. Executed FLOPs
 are counted (torch's FlopCounterMode) on the warm-up steps only, which the medians leave out.
+
+glibc's malloc (`run.malloc`, exgrpo_core/allocator.py) is process-wide: each of our arms runs under
+its own session's setting, TRL's steps under `--trl-malloc` (default `system`, glibc's defaults: TRL
+as users run it). `onpolicy-system` is our on-policy arm under glibc's defaults.
 """
 
 from __future__ import annotations
@@ -149,7 +153,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for all arms")
     ap.add_argument("--arms", default="trl,onpolicy,exgrpo",
                     help="of trl, onpolicy, exgrpo, onpolicy-generate (on-policy with rollout.decoder=generate), "
-                         "onpolicy-s1 / -s2 (rollout.decode_streams=1 / 2), onpolicy-torch (rollout.decode_matmul=torch)")
+                         "onpolicy-s1 / -s2 (rollout.decode_streams=1 / 2), onpolicy-torch (rollout.decode_matmul=torch), "
+                         "onpolicy-system (run.malloc=system)")
+    ap.add_argument("--trl-malloc", choices=["system", "reuse"], default="system",
+                    help="glibc malloc setting for TRL's steps (exgrpo_core/allocator.py)")
     ap.add_argument("--tag", default="", help="suffix of the results file (e.g. before / after)")
     ap.add_argument("--set", action="append", default=[], help="config overrides for every arm")
     args = ap.parse_args()
@@ -157,7 +164,7 @@ def main() -> None:
     from transformers import TrainerCallback
 
     from bench_record import save_result
-    from exgrpo_core import data, loop, metrics as M
+    from exgrpo_core import allocator, data, loop, metrics as M
     from exgrpo_core.config_io import load_config
     from exgrpo_core.rewards import MathVerifier
     from exgrpo_core.session import open_session
@@ -190,6 +197,9 @@ def main() -> None:
     if "onpolicy-torch" in arms:  # decode products by torch, not on packed oneDNN weights (rollout.decode_matmul)
         ours["onpolicy-torch"] = open_session(load_config(args.config, base + [
             "run.name=onpolicy-torch", "buffer.replay_ratio=0", "rollout.decode_matmul=torch"]))
+    if "onpolicy-system" in arms:  # glibc's malloc defaults (run.malloc=system)
+        ours["onpolicy-system"] = open_session(load_config(args.config, base + [
+            "run.name=onpolicy-system", "buffer.replay_ratio=0", "run.malloc=system"]))
     if "exgrpo" in arms:
         ours["exgrpo"] = open_session(load_config(args.config, base + ["run.name=exgrpo"]))
     times: dict[str, list[dict]] = {a: [] for a in arms}
@@ -198,7 +208,9 @@ def main() -> None:
 
     def run_ours():
         for name, s in ours.items():
+            allocator.use(s.cfg.run.malloc)
             times[name].append(timed_iteration(s, loop, M, count=len(times[name]) < args.warmup))
+        allocator.use(args.trl_malloc)
 
     class Interleave(TrainerCallback):
         def on_train_begin(self, *a, **k):
@@ -227,6 +239,7 @@ def main() -> None:
         sample = questions[:256]
         trl_prompt_tokens = round(cfg.train.batch_size * sum(
             len(data.prompt_token_ids(trainer.processing_class, q, cfg.rollout.max_prompt_tokens)) for q in sample) / len(sample))
+        allocator.use(args.trl_malloc)  # TRL's first step; later ones follow run_ours()
         trainer.train()
         verifier.close()
     else:
@@ -237,7 +250,7 @@ def main() -> None:
 
     load = os.getloadavg()
     uptime.append(os.popen("uptime").read().strip())
-    result = {"preset": args.config, "overrides": args.set, "steps": args.steps, "warmup": args.warmup,
+    result = {"preset": args.config, "overrides": args.set, "steps": args.steps, "warmup": args.warmup, "trl_malloc": args.trl_malloc,
               "threads": torch.get_num_threads(), "loadavg_1_5_15": load, "uptime": uptime,
               "matmul_gflop_per_cpu_s": rate / 1e9, "matmul_gflop_per_wall_s": wall_rate / 1e9, "arms": {}}
     print(f"\n{args.config}: median over steps {args.warmup}..{total - 1}, {torch.get_num_threads()} threads, "

@@ -48,6 +48,10 @@ class RunConfig(_Section):
     """full: the weights as one Hugging Face folder (FSDP2 gathers them on rank 0); sharded (FSDP2
     only): every process writes its own shard (torch.distributed.checkpoint). `load_policy` and
     `exgrpo evaluate` read both; `exgrpo export` turns a sharded checkpoint into a plain folder."""
+    malloc: Literal["reuse", "system"] = "reuse"
+    """(glibc) `reuse`: freed memory stays in the heap for the next large tensors instead of each being
+    a fresh mmap paged in by the kernel (exgrpo_core/allocator.py; a quarter of a small CPU train phase
+    was page faults); the process keeps its peak memory. `system`: glibc's defaults. Same numbers."""
 
 
 class TinyModelConfig(_Section):

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from exgrpo_core import checkpoint, data, locks, models, reuse
+from exgrpo_core import allocator, checkpoint, data, locks, models, reuse
 from exgrpo_core.training import distributed as D, fsdp
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import ConfigError
@@ -95,16 +95,20 @@ def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
     run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
     db_url = resolve_db_url(cfg.run.db_url, run_dir)
     locks.lock_run(run_dir, cfg.run.name, db_url)  # one process per run: a second is refused, naming the first
+    previous_malloc = allocator.use(cfg.run.malloc)
     try:
         ckpt = checkpoint.resume_point(run_dir) if cfg.run.resume != "never" else None  # verified
         if cfg.run.resume == "must" and ckpt is None:
             raise ResumeError(f"run.resume=must but {run_dir} has no checkpoint to resume from")
         if cfg.run.resume == "never" and checkpoint.latest_checkpoint(run_dir) is not None:
             raise ResumeError(f"{run_dir} already holds checkpoints; pick another run.name or use run.resume=auto")
-        return _open(cfg, verify, run_dir, ckpt, db_url)
+        session = _open(cfg, verify, run_dir, ckpt, db_url)
     except BaseException:
+        allocator.use(previous_malloc)
         locks.unlock_run(run_dir)
         raise
+    session._closers.insert(0, lambda: allocator.use(previous_malloc))  # runs last on close
+    return session
 
 
 def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | None, db_url: str) -> Session:
@@ -184,6 +188,7 @@ def _unfinished_run(cfg: ExGRPOConfig, store: ExperienceStore) -> tuple[str, dic
 
 def run_follower(cfg: ExGRPOConfig) -> None:
     """A process of rank > 0: build the same worker as rank 0 and compute its shares until told to stop."""
+    allocator.use(cfg.run.malloc)
     accelerator = make_accelerator(cfg)
     ckpt = D.broadcast(None)
     run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from prefect import flow
 
-from exgrpo_core import checkpoint as C, models
+from exgrpo_core import allocator, checkpoint as C, models
 from exgrpo_core.config import ExGRPOConfig
 from exgrpo_core.config_io import ConfigError, load_config
 from exgrpo_core.rewards import MathVerifier
@@ -89,6 +89,7 @@ def evaluate(preset: str = "tiny", overrides: list[str] | None = None, model: st
                             target.mlflow_run_id, tags=tags)
         if target.run_id is None:
             store.update_run(run_id, mlflow_run_id=tracker.run_id)
+        previous_malloc = allocator.use(cfg.run.malloc)
         try:
             policy, tokenizer = models.load_policy(target.source, dtype=cfg.model.dtype,
                                                    tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed,
@@ -102,6 +103,8 @@ def evaluate(preset: str = "tiny", overrides: list[str] | None = None, model: st
         except BaseException:
             tracker.end("FAILED")
             raise
+        finally:
+            allocator.use(previous_malloc)
         tracker.end("FINISHED")
     finally:
         store.close()
