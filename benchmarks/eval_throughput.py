@@ -8,7 +8,9 @@
 the code before; `own`: `rollout/decode.py`; flags after a dash: `-noprefix` without the common-prefix prefill,
 `-tokens` tokens only (no log-probs / entropies: what evaluation now runs), `-s2` decoded in 2 concurrent
 parts (`rollout.decode_streams`), `-torch` torch's products instead of packed oneDNN weights
-(`rollout.decode_matmul=torch`; own modes measured before 2026-11-26 ran that way)) and batch size in turn, round after round, same seed:
+(`rollout.decode_matmul=torch`; own modes measured before 2026-11-26 ran that way), `-system` glibc's
+malloc defaults (`run.malloc=system`; the other modes run under `reuse`, as `exgrpo evaluate` does; modes
+measured before 2026-11-26 ran under `system`)) and batch size in turn, round after round, same seed:
 the results file then holds each mode's median questions/s and its ratio to the first mode, with
 `uptime` before and after (a shared machine: compare ratios, not seconds).
 
@@ -102,6 +104,7 @@ def compare_modes(args, cfg, items, model, tok, gen, pass_k) -> None:
     import statistics
     import subprocess
 
+    from exgrpo_core import allocator
     from exgrpo_core.rollout.engine import TransformersEngine
 
     modes = [(m.split("@")[0], int(m.split("@")[1])) for m in args.modes.split(",")]
@@ -117,6 +120,7 @@ def compare_modes(args, cfg, items, model, tok, gen, pass_k) -> None:
                 engine.scores = "tokens" not in flags  # evaluate_items's own engine computes tokens only
                 engine.streams = next((int(f[1:]) for f in flags if f[:1] == "s" and f[1:].isdigit()), 1)
                 engine.matmul = "torch" if "torch" in flags else "auto"
+                allocator.use("system" if "system" in flags else "reuse")
                 c0 = time.process_time()
                 report = E.evaluate_items(model, tok, items, v.verify, pass_k=pass_k,
                                           **{**gen, "batch_size": batch}, engine=engine)

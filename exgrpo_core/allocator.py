@@ -4,8 +4,9 @@ Under glibc's defaults every large tensor (the tied embedding's 113 MB dense gra
 backward, logits blocks, activations) is a fresh `mmap`: it is paged in anew, one kernel page fault
 per 4 KiB, and unmapped again when freed. On a cpu-demo train phase at B = 2 that kernel time was a
 quarter of the CPU seconds (benchmarks/README.md, issue 21). `reuse` serves large blocks from the heap
-(M_MMAP_MAX = 0) and keeps up to 2 GiB of freed memory there (M_TRIM_THRESHOLD), so later tensors
-land on pages already mapped. Numbers are untouched; the resident size stays near its peak instead of
+(M_MMAP_MAX = 0) and never gives freed memory back to the kernel (M_TRIM_THRESHOLD = -1; a 2 GiB
+threshold still let a cpu-demo train phase's freed activations go), so later tensors land on pages
+already mapped. Numbers are untouched; the resident size stays near its peak instead of
 shrinking between steps. `system` restores glibc's defaults (its dynamic trim threshold excepted:
 glibc's fixed 128 KiB start value is set). Elsewhere than glibc (macOS, musl) both are no-ops.
 """
@@ -19,7 +20,7 @@ import platform
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
-SETTINGS = {"reuse": {M_MMAP_MAX: 0, M_TRIM_THRESHOLD: 2**31 - 1},
+SETTINGS = {"reuse": {M_MMAP_MAX: 0, M_TRIM_THRESHOLD: -1},  # -1: never trim (mallopt(3))
             "system": {M_MMAP_MAX: 65536, M_TRIM_THRESHOLD: 128 * 1024}}
 _current: list[str] = ["system"]
 
