@@ -42,12 +42,23 @@ def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> d
                                              {s: r.get(key, math.nan) for s, r in per[baseline].items()})
             arm_vals = [by_seed[s].get(key, math.nan) for s in by_seed if s in per[baseline]]
             base_vals = [per[baseline][s].get(key, math.nan) for s in by_seed if s in per[baseline]]
-            out[arm][key] = {**stats.summarise_differences(list(diffs.values()), seed=seed),
+            summary = stats.summarise_differences(list(diffs.values()), seed=seed)
+            if PAIRED_METRICS[key][1].startswith("lower"):  # fewer responses is ahead
+                summary = _lower_is_better(summary)
+            out[arm][key] = {**summary,
                              "differences": {str(s): d for s, d in diffs.items()},
                              "arm_mean": stats.mean(arm_vals), "baseline_mean": stats.mean(base_vals),
                              "arm_reached": sum(not math.isnan(v) for v in arm_vals),
                              "paired_seeds": sum(1 for s in by_seed if s in per[baseline])}
     return out
+
+
+def _lower_is_better(summary: dict) -> dict:
+    """A summary of arm - baseline differences where a negative difference is the arm doing better:
+    seeds ahead / behind and the verdict swap (the differences and intervals keep their sign)."""
+    flip = {"ahead": "behind", "behind": "ahead"}
+    return {**summary, "ahead": summary["behind"], "behind": summary["ahead"],
+            "verdict": flip.get(summary["verdict"], summary["verdict"])}
 
 
 COLLAPSE_FRACTION = 0.5  # a run collapsed: final held-out pass@1 below this fraction of its step-0 value

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from exgrpo_core import metrics as M
+from exgrpo_core.evaluation import stats
 from exgrpo_core.config_io import load_config
 from exgrpo_core.store.experience_store import ExperienceStore
 from exgrpo_core.types import GroupResult, Question, Rollout
@@ -85,6 +86,12 @@ def test_paired_statistics_against_on_policy_use_matched_seeds_only():
     assert p["heldout_gain"]["mean"] == pytest.approx(final["mean"])  # equal starts: gain difference = final's
     reach = p["responses_to_target"]  # seed 1: on_policy never reached -> only seeds 0 and 2
     assert reach["n"] == 2 and reach["differences"] == {"0": -320.0, "2": -160.0}
+    # fewer responses to the target is better: both seeds count as ahead (two seeds: the interval holds 0)
+    assert (reach["ahead"], reach["behind"]) == (2, 0) and reach["verdict"] == "noise"
+    clear = compare_stats._lower_is_better(stats.summarise_differences([-300.0, -320.0, -310.0]))
+    assert clear["verdict"] == "ahead" and (clear["ahead"], clear["behind"]) == (3, 0) and clear["t_hi"] < 0
+    worse = compare_stats._lower_is_better(stats.summarise_differences([300.0, 320.0, 310.0]))
+    assert worse["verdict"] == "behind" and (worse["ahead"], worse["behind"]) == (0, 3)
     md = "\n".join(compare_stats.markdown(compare_stats.paired_stats(rows), compare_stats.replay_buckets(rows)))
     assert "| exgrpo | final held-out pass@1 | 3/3 | 0.620 | 0.550 | +0.070 |" in md
     assert "| exgrpo | 2 (0.25 vs 0.25) | 6 (0.75 vs 0.75) |" in md
