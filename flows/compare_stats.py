@@ -19,6 +19,7 @@ PAIRED_METRICS = {
     "responses_to_target": ("responses to reach on-policy's final held-out pass@1", "lower is better; only "
                             "seeds where both arms reached it"),
 }
+LOWER_IS_BETTER = {"responses_to_target"}  # a negative difference is the arm doing better
 
 
 def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> dict:
@@ -43,7 +44,7 @@ def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> d
             arm_vals = [by_seed[s].get(key, math.nan) for s in by_seed if s in per[baseline]]
             base_vals = [per[baseline][s].get(key, math.nan) for s in by_seed if s in per[baseline]]
             summary = stats.summarise_differences(list(diffs.values()), seed=seed)
-            if PAIRED_METRICS[key][1].startswith("lower"):  # fewer responses is ahead
+            if key in LOWER_IS_BETTER:
                 summary = _lower_is_better(summary)
             out[arm][key] = {**summary,
                              "differences": {str(s): d for s, d in diffs.items()},
