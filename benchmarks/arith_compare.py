@@ -28,6 +28,7 @@ archive in (same settings required) and republish:
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import shutil
@@ -81,7 +82,19 @@ def main() -> int:
     ap.add_argument("--import-commit", default="unknown", help="the commit that report's runs trained on")
     ap.add_argument("--merge-from", action="append", default=[], metavar="NAME",
                     help="first add the seeds of another worker's archive (same settings, other --name)")
+    ap.add_argument("--republish", action="store_true",
+                    help="only rebuild the published report of --name from its archive (no training; the archive's "
+                         "own settings, whatever the preset now builds): after a change to the report's statistics")
     a = ap.parse_args()
+    if a.republish:
+        try:
+            archive = seed_archive.load_existing(a.name)
+        except seed_archive.ArchiveError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        publish(archive, a.name, published_output_dir(a.name) or a.output_dir, republished=True)
+        print(f"{a.name}: report rebuilt from {len(archive['seeds'])} archived seeds", flush=True)
+        return 0
     import torch
 
     torch.set_num_threads(a.threads)
@@ -137,8 +150,16 @@ def start_model(preset: str, overrides: list[str]) -> str:
         warm_start.warm_started(m.tiny.model_dump(), m.warm_start.model_dump()))
 
 
-def publish(archive: dict, name: str, output_dir: str) -> None:
-    """Rebuild the report over every archived seed; copy it to benchmarks/results/arith_compare_<name>*."""
+def published_output_dir(name: str) -> str | None:
+    """The run.output_dir the published report of `name` names (where its runs were), if any."""
+    p = RESULTS / f"arith_compare_{name}_report.json"
+    overrides = json.loads(p.read_text()).get("overrides", []) if p.exists() else []
+    return next((o.split("=", 1)[1] for o in overrides if o.startswith("run.output_dir=")), None)
+
+
+def publish(archive: dict, name: str, output_dir: str, republished: bool = False) -> None:
+    """Rebuild the report over every archived seed; copy it to benchmarks/results/arith_compare_<name>*.
+    `republished`: the runs are older than the report code; the summary says so (earlier such notes kept)."""
     from flows import compare_report
     from flows.compare import _meta
     from flows.compare_arms import build_arm_runs
@@ -162,8 +183,17 @@ def publish(archive: dict, name: str, output_dir: str) -> None:
         for kind, path in paths.items():
             suffix = f"_{kind[4:]}" if kind.startswith("png_") else "_report" if kind == "json" else ""
             shutil.copyfile(path, RESULTS / f"arith_compare_{name}{suffix}{Path(path).suffix}")
-    save_result(f"arith_compare_{name}.json", {"comparison": name, **fp, "seeds_done": [int(s) for s in done],
-                                               "commits": commits})
+    summary = RESULTS / f"arith_compare_{name}.json"
+    record = {"comparison": name, **fp, "seeds_done": [int(s) for s in done], "commits": commits}
+    if republished and summary.exists():  # the runs' provenance (command, machine, date) stays
+        old = json.loads(summary.read_text())
+        record = {**old, **record, "republished": (
+            f"{datetime.date.today().isoformat()}: report rebuilt from the seed archive by the code of commit "
+            f"{seed_archive.commit()} (`python {' '.join(sys.argv)}`); the runs are unchanged")}
+        summary.write_text(json.dumps(record, indent=2, default=float) + "\n")
+        return
+    old = json.loads(summary.read_text()) if summary.exists() else {}
+    save_result(summary.name, {**record, **{k: v for k, v in old.items() if k in ("relabelled", "republished")}})
 
 
 if __name__ == "__main__":

@@ -30,6 +30,14 @@ def load(name: str, fingerprint: dict, folder: Path = RESULTS) -> dict:
     return archive
 
 
+def load_existing(name: str, folder: Path = RESULTS) -> dict:
+    """The archive of comparison `name` as it was made (no settings check: for rebuilding its report)."""
+    p = Path(folder) / f"arith_compare_{name}_seeds.json"
+    if not p.exists():
+        raise ArchiveError(f"no archive {p.name} in {folder}")
+    return {**json.loads(p.read_text()), "path": str(p)}
+
+
 def save(archive: dict) -> None:
     body = {k: v for k, v in archive.items() if k != "path"}
     Path(archive["path"]).write_text(json.dumps(body, indent=None, separators=(",", ":")) + "\n")

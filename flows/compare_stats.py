@@ -20,6 +20,9 @@ PAIRED_METRICS = {
                             "seeds where both arms reached it"),
 }
 LOWER_IS_BETTER = {"responses_to_target"}  # a negative difference is the arm doing better
+# The family Holm's correction runs over: these metrics of every arm in the report (gain repeats the
+# final's difference when the arms share their step-0 evaluation; responses-to-target is secondary)
+HOLM_METRICS = ("heldout_avg", "heldout_auc")
 
 
 def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> dict:
@@ -51,6 +54,10 @@ def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> d
                              "arm_mean": stats.mean(arm_vals), "baseline_mean": stats.mean(base_vals),
                              "arm_reached": sum(not math.isnan(v) for v in arm_vals),
                              "paired_seeds": sum(1 for s in by_seed if s in per[baseline])}
+    adjusted = stats.holm({(arm, key): out[arm][key]["p"] for arm in out for key in HOLM_METRICS})
+    for (arm, key), p in adjusted.items():
+        out[arm][key]["p_holm"] = p
+        out[arm][key]["holm_family"] = len(adjusted)
     return out
 
 
@@ -111,9 +118,12 @@ def markdown(paired: dict, buckets: dict, collapsed: dict | None = None) -> list
     lines += [] if not paired else ["", "## Paired against on_policy", "",
              "Per seed: arm minus on_policy with the same seed (same starting model, data order and sampling "
              "seed). Mean difference, 95% Student-t interval and percentile bootstrap interval over the seeds; "
-             "`noise` means the t-interval holds 0: the data do not tell the arms apart.", "",
+             "`noise` means the t-interval holds 0: the data do not tell the arms apart. `p`: the paired t-test; "
+             f"`p Holm`: Holm's correction over the {_family(paired)} final and area comparisons of this table "
+             "(every arm, both metrics): an `ahead` or `behind` whose p Holm is 0.05 or more may be one of the "
+             "chance findings that many comparisons make.", "",
              "| arm | metric | seeds | arm mean | on_policy mean | mean diff | 95% t-interval | 95% bootstrap | "
-             "seeds ahead / behind | verdict |", "|---|---|---:|---:|---:|---:|---|---|---|---|"]
+             "p | p Holm | seeds ahead / behind | verdict |", "|---|---|---:|---:|---:|---:|---|---|---:|---:|---|---|"]
     for arm, metrics in paired.items():
         for key, s in metrics.items():
             label = PAIRED_METRICS[key][0]
@@ -122,7 +132,7 @@ def markdown(paired: dict, buckets: dict, collapsed: dict | None = None) -> list
                          f"{_f(s['baseline_mean'], digits)} | {_f(s['mean'], digits, True)} | "
                          f"{_f(s['t_lo'], digits, True)} .. {_f(s['t_hi'], digits, True)} | "
                          f"{_f(s['boot_lo'], digits, True)} .. {_f(s['boot_hi'], digits, True)} | "
-                         f"{s['ahead']} / {s['behind']} | {s['verdict']} |")
+                         f"{_p(s.get('p'))} | {_p(s.get('p_holm'))} | {s['ahead']} / {s['behind']} | {s['verdict']} |")
     if paired:
         lines += ["", "`seeds` = seeds in the statistic / paired seeds (responses-to-target uses only seeds where "
                   "both arms reached on-policy's final mean; a lower number is better there)."]
@@ -144,6 +154,17 @@ def markdown(paired: dict, buckets: dict, collapsed: dict | None = None) -> list
             lines.append(f"| {arm}: mean questions in bucket | " + " | ".join(
                 _f(by_k[k].get("occupancy", math.nan), 1) if k in by_k else "—" for k in ks) + " |")
     return lines
+
+
+def _family(paired: dict) -> int:
+    return max((s.get("holm_family", 0) for m in paired.values() for s in m.values()), default=0)
+
+
+def _p(p) -> str:
+    """A p-value for the table: three decimals, '<0.001' below, '—' when missing."""
+    if p is None or math.isnan(p):
+        return "—"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def _collapse_lines(collapsed: dict) -> list[str]:

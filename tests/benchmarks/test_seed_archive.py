@@ -76,3 +76,16 @@ def test_a_second_workers_archive_merges_in_and_other_settings_do_not(tmp_path):
         seed_archive.merge(main, "odd")
     with pytest.raises(seed_archive.ArchiveError, match="no archive named 'nope'"):
         seed_archive.merge(main, "nope")
+
+
+def test_an_archive_is_read_back_as_made_for_republishing(tmp_path):
+    with pytest.raises(seed_archive.ArchiveError, match="no archive arith_compare_none_seeds.json"):
+        seed_archive.load_existing("none", tmp_path)
+    archive = seed_archive.load("t", FP, tmp_path)
+    seed_archive.import_report(archive, REPORT, "abc1234")
+    seed_archive.save(archive)
+    with pytest.raises(seed_archive.ArchiveError):  # other settings: refused for new seeds ...
+        seed_archive.load("t", {**FP, "overrides": ["train.lr=1"]}, tmp_path)
+    again = seed_archive.load_existing("t", tmp_path)  # ... but its report can be rebuilt as it was made
+    assert again["fingerprint"] == FP and sorted(again["seeds"]) == sorted(archive["seeds"])
+    assert seed_archive.results(again) == seed_archive.results(archive)

@@ -94,6 +94,13 @@ def test_paired_statistics_against_on_policy_use_matched_seeds_only():
     assert worse["verdict"] == "behind" and (worse["ahead"], worse["behind"]) == (0, 3)
     md = "\n".join(compare_stats.markdown(compare_stats.paired_stats(rows), compare_stats.replay_buckets(rows)))
     assert "| exgrpo | final held-out pass@1 | 3/3 | 0.620 | 0.550 | +0.070 |" in md
+    assert final["p"] == pytest.approx(stats.t_test_p([0.1, 0.06, 0.05]))
+    # one arm: the family is its final and area comparisons (2), Holm doubles the smaller p at most
+    assert final["holm_family"] == 2 and final["p_holm"] >= final["p"]
+    ps = {k: p[k]["p"] for k in compare_stats.HOLM_METRICS}
+    assert max(p[k]["p_holm"] for k in ps) == pytest.approx(max(min(1.0, 2 * min(ps.values())), max(ps.values())))
+    assert "p_holm" not in p["responses_to_target"]
+    assert "over the 2 final and area comparisons" in md
     assert "| exgrpo | 2 (0.25 vs 0.25) | 6 (0.75 vs 0.75) |" in md
     assert "| exgrpo: mean questions in bucket | 2.5 | 15.0 |" in md  # seeds 0-3: (1+2+3+4)/4, (0+10+20+30)/4
 

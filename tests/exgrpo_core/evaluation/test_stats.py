@@ -73,3 +73,21 @@ def test_mcnemar_exact_by_hand():
     assert stats.mcnemar_exact(0, 6) == pytest.approx(2 / 64)  # all 6 discordant pairs one way
     assert stats.mcnemar_exact(5, 1) == pytest.approx(2 * 7 / 64)  # (C(6,0) + C(6,1)) / 2^6, two-sided
     assert stats.mcnemar_exact(3, 3) == 1.0 and stats.mcnemar_exact(0, 0) == 1.0
+
+
+def test_paired_t_test_p_matches_the_textbook_values():
+    assert stats.t_test_p([1.0, 2.0, 3.0]) == pytest.approx(0.07418, abs=1e-5)  # t = 3.464, 2 df
+    assert stats.t_test_p([0.1, -0.1, 0.05, -0.04]) == pytest.approx(0.95900, abs=1e-5)
+    assert stats.t_test_p([0.002, 0.011, -0.004, 0.007, 0.009, 0.001]) == pytest.approx(0.11883, abs=1e-5)
+    assert stats.t_test_p([0.2, 0.2]) == 0.0 and stats.t_test_p([0.0, 0.0]) == 1.0
+    assert math.isnan(stats.t_test_p([0.3]))
+    assert stats.summarise_differences([1.0, 2.0, 3.0])["p"] == pytest.approx(0.07418, abs=1e-5)
+
+
+def test_holm_steps_down_keeps_order_and_skips_nan():
+    got = stats.holm({"a": 0.005, "b": 0.01, "c": 0.03, "d": 0.04, "e": float("nan")})
+    assert [got[k] for k in "abcd"] == pytest.approx([0.02, 0.03, 0.06, 0.06])  # m = 4: NaN not counted
+    assert math.isnan(got["e"])
+    assert stats.holm({"x": 0.4, "y": 0.5}) == pytest.approx({"x": 0.8, "y": 0.8})  # capped monotone
+    assert stats.holm({"x": 0.9, "y": 0.6}) == pytest.approx({"x": 1.0, "y": 1.0})
+    assert stats.holm({}) == {}
