@@ -184,16 +184,15 @@ def publish(archive: dict, name: str, output_dir: str, republished: bool = False
             suffix = f"_{kind[4:]}" if kind.startswith("png_") else "_report" if kind == "json" else ""
             shutil.copyfile(path, RESULTS / f"arith_compare_{name}{suffix}{Path(path).suffix}")
     summary = RESULTS / f"arith_compare_{name}.json"
-    record = {"comparison": name, **fp, "seeds_done": [int(s) for s in done], "commits": commits}
-    if republished and summary.exists():  # the runs' provenance (command, machine, date) stays
-        old = json.loads(summary.read_text())
-        record = {**old, **record, "republished": (
-            f"{datetime.date.today().isoformat()}: report rebuilt from the seed archive by the code of commit "
-            f"{seed_archive.commit()} (`python {' '.join(sys.argv)}`); the runs are unchanged")}
-        summary.write_text(json.dumps(record, indent=2, default=float) + "\n")
-        return
     old = json.loads(summary.read_text()) if summary.exists() else {}
-    save_result(summary.name, {**record, **{k: v for k, v in old.items() if k in ("relabelled", "republished")}})
+    record = {"comparison": name, **fp, "seeds_done": [int(s) for s in done], "commits": commits,
+              **{k: old[k] for k in ("relabelled", "republished") if k in old}}
+    if not (republished and old):
+        save_result(summary.name, record)
+        return
+    record["republished"] = (f"{datetime.date.today().isoformat()}: report rebuilt from the seed archive by the code "
+                             f"of commit {seed_archive.commit()} (`python {' '.join(sys.argv)}`); the runs are unchanged")
+    summary.write_text(json.dumps({**old, **record}, indent=2, default=float) + "\n")  # the runs' provenance stays
 
 
 if __name__ == "__main__":
