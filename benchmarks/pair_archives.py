@@ -69,10 +69,10 @@ def pair(a: dict, arm_a: str, b: dict, arm_b: str, baseline: str = "on_policy") 
     out = {"first": f"{a['name']}:{arm_a}", "second": f"{b['name']}:{arm_b}", "baseline_checked": baseline,
            "seeds": seeds, "metrics": {}}
     for key in METRICS:
-        diffs = [rb[s][key] - ra[s][key] for s in seeds]
+        diffs = stats.paired_differences({s: rb[s][key] for s in seeds}, {s: ra[s][key] for s in seeds})
         out["metrics"][key] = {"first_mean": stats.mean([ra[s][key] for s in seeds]),
                                "second_mean": stats.mean([rb[s][key] for s in seeds]),
-                               "per_seed": dict(zip(seeds, diffs)), **stats.summarise_differences(diffs)}
+                               "per_seed": diffs, **stats.summarise_differences(list(diffs.values()))}
     return out
 
 
