@@ -1,4 +1,8 @@
-"""What every speed benchmark writes beside its numbers: the command, the machine, the date and the load."""
+"""The one way a benchmark writes its result record into benchmarks/results/.
+
+`save_result(name, result)` adds what every record carries beside its numbers (the command, the
+machine, the date and the load); `write_json(path, record)` writes a record that already carries
+its own (a `--out` path, a seed archive, a republished summary)."""
 
 from __future__ import annotations
 
@@ -20,12 +24,19 @@ def machine() -> str:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.system()} ({gpu})"
 
 
+def write_json(path: str | Path, record: dict, **dumps_kw) -> Path:
+    """Write `record` to `path` as it is (JSON, indent 2 unless `dumps_kw` says otherwise, one final newline);
+    for a record that already carries its own command, date and machine. Return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, **{"indent": 2, **dumps_kw}) + "\n")
+    return path
+
+
 def save_result(name: str, result: dict) -> Path:
     """Write results/<name> with command, machine, date and load average added; return the path."""
     record = {"command": "python " + " ".join(sys.argv), "date": datetime.date.today().isoformat(),
               "machine": machine(), "loadavg_1_5_15_at_end": list(os.getloadavg()), **result}
-    RESULTS.mkdir(exist_ok=True)
-    dest = RESULTS / name
-    dest.write_text(json.dumps(record, indent=2, default=float) + "\n")
+    dest = write_json(RESULTS / name, record, default=float)
     print(f"wrote {dest}")
     return dest

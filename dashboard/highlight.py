@@ -1,6 +1,6 @@
 """The answer span of a response, as the verifier sees it, highlighted in escaped HTML.
 
-The span is the one `exgrpo_core.rewards.extract_final_answer` grades: the last non-empty
+The span is the one `exgrpo_core.reward.grading.extract_final_answer` grades: the last non-empty
 `\\boxed{...}`, else the last number. It is located again in the text (last occurrence), so a
 thousands separator the extractor dropped ("1,234" -> "1234") still highlights the written form.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import re
 
-from exgrpo_core.rewards import extract_final_answer
+from exgrpo_core.reward.grading import extract_final_answer
 
 
 def answer_span(text: str) -> tuple[int, int] | None:

@@ -1,6 +1,6 @@
 """Queries of the monitor banner and the Staleness page (read-only, SQLAlchemy Core, as `queries`).
 
-Monitor firings are the step metrics `monitor/<name>` (exgrpo_core/monitors.py); replay ages come
+Monitor firings are the step metrics `monitor/<name>` (exgrpo_core/observe/monitors.py); replay ages come
 from the replays joined to the trajectories they replayed (age = replay step - sampling step).
 """
 
@@ -11,7 +11,7 @@ from sqlalchemy import and_, func, select
 
 from dashboard.queries import BY_FIRST_TWO, _frame, reading
 from exgrpo_core import metrics as M
-from exgrpo_core.monitors import LABELS
+from exgrpo_core.observe.monitors import LABELS
 from exgrpo_core.store.tables import Replay, Run, StepMetric, Trajectory
 
 MONITOR_KEYS = tuple(M.monitor_key(name) for name in LABELS)

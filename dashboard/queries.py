@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from exgrpo_core import metrics as M
 from exgrpo_core.algorithm.selection import PER_QUESTION, SelectionError, bucket_weights
-from exgrpo_core.config import SelectionConfig
+from exgrpo_core.config.schema import SelectionConfig
 from exgrpo_core.store.engine import mask_url
 from exgrpo_core.store.tables import (EvalResult, GroupResultRow, QuestionRow, QuestionState, Replay, Run,
                                       StepMetric, Trajectory)

@@ -16,13 +16,15 @@ from functools import partial
 
 import torch
 
+from exgrpo_core import metrics as M
 from exgrpo_core.algorithm import losses, selection
-from exgrpo_core import metrics as M, monitors, staleness, verifier_audit
 from exgrpo_core.algorithm.advantages import compute_group_advantages
+from exgrpo_core.observe import monitors, staleness
+from exgrpo_core.reward import audit
+from exgrpo_core.rollout.engine import TransformersEngine
+from exgrpo_core.run.session import Session
 from exgrpo_core.training.batch import collate
 from exgrpo_core.training.flops import model_train_flops
-from exgrpo_core.rollout.engine import TransformersEngine
-from exgrpo_core.session import Session
 from exgrpo_core.types import GroupResult, Rollout
 
 
@@ -137,9 +139,9 @@ def verify(s: Session, rollouts: list[Rollout]) -> dict:
     multiple-choice rows, as evaluation does), recording what it read; switch replay on when the
     batch is good enough."""
     t0 = time.perf_counter()
-    verifier_audit.grade_and_describe(s.verify, rollouts, [s.questions[r.question_uid] for r in rollouts],
+    audit.grade_and_describe(s.verify, rollouts, [s.questions[r.question_uid] for r in rollouts],
                                       require_think=s.cfg.reward.require_think)
-    truncated_rewarded = apply_truncation_rule(rollouts, s.cfg.reward.truncated)
+    truncated_rewarded = audit.apply_truncation_rule(rollouts, s.cfg.reward.truncated)
     frac = selection.batch_correct_fraction([r.reward for r in rollouts])
     if (not s.replay_active and s.cfg.replay_questions > 0
             and selection.replay_should_start(frac, s.cfg.buffer.start_threshold)):
@@ -150,19 +152,6 @@ def verify(s: Session, rollouts: list[Rollout]) -> dict:
             M.VERIFY_NO_ANSWER: float(sum(r.reason == "no_answer" for r in rollouts)),
             M.VERIFY_TRUNCATED_REWARDED: float(truncated_rewarded),
             M.REPLAY_ACTIVE: float(s.replay_active), M.TIME_VERIFY: time.perf_counter() - t0}
-
-
-def apply_truncation_rule(rollouts: list[Rollout], rule: str) -> int:
-    """`reward.truncated`: grade (the authors: a response cut at the length limit is graded like any
-    other) or zero (it scores 0, reason `truncated`, so it is never collected or replayed without its
-    EOS). Returns how many truncated responses the grader rewarded (before zeroing)."""
-    if rule not in ("grade", "zero"):
-        raise ValueError(f"unknown reward.truncated rule {rule!r}; choose grade or zero")
-    hit = [r for r in rollouts if r.truncated and r.reward > 0]
-    if rule == "zero":
-        for r in hit:
-            r.reward, r.reason = 0.0, "truncated"
-    return len(hit)
 
 
 def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple[list[GroupResult], dict]:
@@ -314,7 +303,7 @@ def run_iteration(s: Session) -> dict:
 
 
 def check_monitors(s: Session, step: int, stats: dict, store: bool = True) -> list[monitors.Firing]:
-    """The step's replay-health firings (exgrpo_core/monitors.py); `store`: record each as the step
+    """The step's replay-health firings (exgrpo_core/observe/monitors.py); `store`: record each as the step
     metric `monitor/<name>` = its watched value. Reporting them and stopping is the caller's."""
     fired = monitors.check(stats, s.cfg.monitors, step=step, train_questions=len(s.questions),
                            replay_slots=s.cfg.replay_questions)

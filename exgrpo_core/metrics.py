@@ -107,7 +107,7 @@ DIST_PREFIX = "dist/"
 DIST_PARAM_GAP = DIST_PREFIX + "param_gap"
 
 
-# replay-health monitors (exgrpo_core/monitors.py): `monitor/<name>` is stored at the steps where it fired
+# replay-health monitors (exgrpo_core/observe/monitors.py): `monitor/<name>` is stored at the steps where it fired
 MONITOR_PREFIX = "monitor/"
 MONITORS = ("fresh_entropy", "replayed_entropy", "zero_variance", "iw_max", "iw_var", "logprob_gap",
             "timeout_rate", "retired_fraction", "unfilled_slots")

@@ -34,11 +34,11 @@ def _progress_line(step: int, total: int, m: dict) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from exgrpo_core.config_io import load_config
+    from exgrpo_core.config.load import load_config
 
     cfg = load_config(args.config, args.set)  # fail on a bad config before Prefect starts
     if int(os.environ.get("RANK", "0")) > 0:  # a follower under torchrun / accelerate launch: no Prefect, no DB
-        from exgrpo_core.session import run_follower
+        from exgrpo_core.run.session import run_follower
 
         run_follower(cfg)
         return 0
@@ -69,8 +69,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _preflight(cfg, run_dir: Path) -> None:
     """Find user errors in seconds, before Prefect's server and the flow start: the dataset, the database
     (a server must answer), the MLflow server, another process on the run, a damaged checkpoint."""
-    from exgrpo_core import checkpoint, data
-    from exgrpo_core.locks import lock_run
+    from exgrpo_core.data import questions as data
+    from exgrpo_core.run import checkpoint
+    from exgrpo_core.run.locks import lock_run
     from exgrpo_core.store.engine import create_store_engine, parse_url
     from exgrpo_core.store.experience_store import resolve_db_url
     from flows.tracking import check_server
@@ -84,7 +85,7 @@ def _preflight(cfg, run_dir: Path) -> None:
     if url.get_backend_name() != "sqlite":
         create_store_engine(url).dispose()  # connects once: an unreachable server is one line
     if cfg.buffer.warm_start and cfg.run.resume != "must" and checkpoint.latest_checkpoint(run_dir) is None:
-        from exgrpo_core.reuse import plan_warm_start
+        from exgrpo_core.run.reuse import plan_warm_start
 
         plan = plan_warm_start(cfg, questions, db_url)  # an unknown or unfitting source run is one line
         console.print(f"warm start from {', '.join(cfg.buffer.warm_start)}: "
@@ -107,10 +108,10 @@ def cmd_config(args: argparse.Namespace) -> int:
     --help-keys every key's type, default and help."""
     import yaml
 
-    from exgrpo_core.config_io import ConfigError, load_config
+    from exgrpo_core.config.load import ConfigError, load_config
 
     if args.help_keys is not None:
-        from exgrpo_core.config_help import format_keys
+        from exgrpo_core.config.keys import format_keys
 
         return _write(format_keys(args.help_keys))
     if not args.config:
@@ -133,8 +134,8 @@ def _write(text: str) -> int:
 def cmd_dashboard(args: argparse.Namespace) -> int:
     import importlib.util
 
-    from exgrpo_core.config import ExGRPOConfig
-    from exgrpo_core.config_io import load_config
+    from exgrpo_core.config.load import load_config
+    from exgrpo_core.config.schema import ExGRPOConfig
     from exgrpo_core.store.engine import mask_url, parse_url
     from flows.tracking import resolve_tracking_uri
 
@@ -188,8 +189,8 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     import json
 
+    from exgrpo_core.config.load import load_config
     from exgrpo_core.evaluation import report as eval_report
-    from exgrpo_core.config_io import load_config
 
     cfg = load_config(args.config, args.set + ([f"eval.suites={json.dumps(args.suite)}"] if args.suite else []))
     from flows.eval_tasks import load_items
@@ -214,7 +215,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from flows.compare_arms import build_arm_runs, parse_arms, parse_seeds
+    from flows.compare.arms import build_arm_runs, parse_arms, parse_seeds
 
     arms, seeds = parse_arms(args.arms), parse_seeds(args.seeds)
     runs = build_arm_runs(args.config, args.set, arms, seeds, args.name or f"compare-{args.config}",
@@ -225,7 +226,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from flows.prefect_api import serve_prefect_api
 
     serve_prefect_api()  # before Prefect is imported; its API dies with this process
-    from flows.compare import compare
+    from flows.compare.flow import compare
 
     out = compare(preset=args.config, overrides=args.set, arms=arms, seeds=seeds, evaluate=not args.no_eval,
                   name=args.name, parallel=args.parallel, **pool)
@@ -241,8 +242,8 @@ def cmd_reverify(args: argparse.Namespace) -> int:
     from rich.table import Table
     from sqlalchemy.engine import make_url
 
-    from exgrpo_core.config import ExGRPOConfig
-    from exgrpo_core.config_io import load_config
+    from exgrpo_core.config.load import load_config
+    from exgrpo_core.config.schema import ExGRPOConfig
     from exgrpo_core.store.engine import StoreError, parse_url
     from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 
@@ -252,7 +253,7 @@ def cmd_reverify(args: argparse.Namespace) -> int:
         raise StoreError(f"no run {args.run!r}: no experience database at {make_url(db_url).database} "
                          "(name the database with --db-url or --config)")
     parse_url(db_url)
-    from exgrpo_core.reverify import find_run, reverify
+    from exgrpo_core.reward.reverify import find_run, reverify
 
     with ExperienceStore(db_url) as store:
         find_run(store, args.run)  # an unknown run is one line before the verifier starts
@@ -287,8 +288,8 @@ def cmd_reverify(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from flows.compare_arms import parse_seeds
-    from flows.sweep_grid import build_children
+    from flows.compare.arms import parse_seeds
+    from flows.compare.grid import build_children
 
     seeds = parse_seeds(args.seeds)
     children = build_children(args.config, args.set, args.grid, seeds, args.name or f"sweep-{args.config}",
@@ -296,7 +297,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     pool = _parallel_options(args, required=True)
     console.print(f"[bold]ExGRPO sweep[/bold]: {len(children)} runs ({len(children) // len(seeds)} grid points "
                   f"x seeds {seeds}) on the deployment's pool")
-    from flows.sweep import sweep
+    from flows.compare.sweep import sweep
 
     out = sweep(preset=args.config, grid=args.grid, overrides=args.set, seeds=seeds, evaluate=not args.no_eval,
                 name=args.name, **pool)
@@ -306,7 +307,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _parallel_options(args: argparse.Namespace, required: bool) -> dict:
     """The work-pool options as flow parameters, checked before anything starts (--parallel needs a server)."""
-    from flows import parallel as par
+    from flows.compare import parallel as par
 
     given = [o for o, v in (("--pool", args.pool), ("--work-queue", args.work_queue), ("--slots", args.slots),
                             ("--retry-failed", args.retry_failed), ("--deployment", args.deployment)) if v]
@@ -360,7 +361,8 @@ def cmd_rollout_server(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from exgrpo_core.models import ModelLoadError, load_policy, save_policy
+    from exgrpo_core.models.build import save_policy
+    from exgrpo_core.models.load import ModelLoadError, load_policy
 
     if not Path(args.checkpoint).expanduser().is_dir():
         raise ModelLoadError(f"checkpoint {args.checkpoint}: no such directory")

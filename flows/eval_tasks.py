@@ -14,9 +14,9 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from exgrpo_core.evaluation import report as eval_report, evaluate as E
 from exgrpo_core import metrics as M
-from exgrpo_core.config import ExGRPOConfig
+from exgrpo_core.config.schema import ExGRPOConfig
+from exgrpo_core.evaluation import evaluate as E, report as eval_report
 from flows.run_report import stage_name
 
 _task = task(cache_policy=NO_CACHE, persist_result=False)

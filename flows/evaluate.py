@@ -15,10 +15,11 @@ from pathlib import Path
 import torch
 from prefect import flow
 
-from exgrpo_core import allocator, checkpoint as C, models
-from exgrpo_core.config import ExGRPOConfig
-from exgrpo_core.config_io import ConfigError, load_config
-from exgrpo_core.rewards import MathVerifier
+from exgrpo_core.config.load import ConfigError, load_config
+from exgrpo_core.config.schema import ExGRPOConfig
+from exgrpo_core.models import load as models
+from exgrpo_core.reward.grading import MathVerifier
+from exgrpo_core.run import allocator, checkpoint as C
 from exgrpo_core.store.experience_store import ExperienceStore, StoreError, resolve_db_url
 from flows.eval_tasks import generation_args, load_items, record, run_eval
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri

@@ -1,4 +1,4 @@
-"""Report replay-health monitor firings (exgrpo_core/monitors.py) and carry out their actions.
+"""Report replay-health monitor firings (exgrpo_core/observe/monitors.py) and carry out their actions.
 
 Called by the training flow after each step's metrics are logged. Every firing becomes:
 - a Prefect event `exgrpo.monitor.<name>` on the resource `exgrpo.run.<run id>` (related: the flow
@@ -15,9 +15,10 @@ from __future__ import annotations
 from prefect.events import emit_event
 from prefect.logging import get_run_logger
 
-from exgrpo_core import checkpoint, loop
-from exgrpo_core.monitors import Firing
-from exgrpo_core.session import Session
+from exgrpo_core import loop
+from exgrpo_core.observe.monitors import Firing
+from exgrpo_core.run import checkpoint
+from exgrpo_core.run.session import Session
 from flows.tracking import MlflowRun
 
 EVENT_PREFIX = "exgrpo.monitor."

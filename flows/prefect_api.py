@@ -2,7 +2,7 @@
 
 Prefect's own ephemeral server (a `uvicorn` child started on the first API call) outlives a SIGKILLed
 trainer (issue 16, item 6). `serve_prefect_api` starts the same server (Prefect's app, the same
-ephemeral settings, on 127.0.0.1) in a process that watches the command (`exgrpo_core.lifeline`: a
+ephemeral settings, on 127.0.0.1) in a process that watches the command (`exgrpo_core.run.lifeline`: a
 watchdog thread, plus PR_SET_PDEATHSIG when started from the main thread), points Prefect at it for the
 command's life and stops it at exit. With PREFECT_API_URL set, nothing is started.
 
@@ -91,7 +91,7 @@ def _free_port() -> int:
 
 
 def _serve(port: int, parent: int, kernel: bool) -> None:
-    from exgrpo_core.lifeline import die_with_parent
+    from exgrpo_core.run.lifeline import die_with_parent
 
     die_with_parent(parent, kernel=kernel)
     import uvicorn

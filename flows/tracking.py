@@ -26,9 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from exgrpo_core.config import ExGRPOConfig
-from exgrpo_core.config_io import flatten
-from exgrpo_core.locks import file_lock
+from exgrpo_core.config.load import flatten
+from exgrpo_core.config.schema import ExGRPOConfig
+from exgrpo_core.run.locks import file_lock
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # read by MLflow 3's UI: genai_development or this
 MODEL_TRAINING = "custom_model_development"

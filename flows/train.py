@@ -20,11 +20,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run as current_flow_run
 from prefect.states import Cancelled, Failed
 
-from exgrpo_core import checkpoint, loop, metrics as M
+from exgrpo_core import loop, metrics as M
 from exgrpo_core.algorithm import selection
-from exgrpo_core.checkpoint import latest_checkpoint
-from exgrpo_core.config import ExGRPOConfig
-from exgrpo_core.session import Session, open_session
+from exgrpo_core.config.schema import ExGRPOConfig
+from exgrpo_core.run import checkpoint
+from exgrpo_core.run.checkpoint import latest_checkpoint
+from exgrpo_core.run.session import Session, open_session
 from flows import monitor_events
 from flows.eval_tasks import TrainingEvaluator
 from flows.plots import write_run_pictures
@@ -94,7 +95,7 @@ def _mark_ended_elsewhere(flow, flow_run, state) -> None:
     when no live process holds the run any more, record it as killed in the database and MLflow."""
     from pathlib import Path
 
-    from exgrpo_core import locks
+    from exgrpo_core.run import locks
     from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 
     cfg, _ = run_config(flow_run.parameters or {}, getattr(flow_run, "name", None), getattr(flow_run, "id", None))

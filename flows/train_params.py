@@ -15,8 +15,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from exgrpo_core.config import ExGRPOConfig
-from exgrpo_core.config_io import PRESETS_DIR, load_config
+from exgrpo_core.config.load import PRESETS_DIR, load_config
+from exgrpo_core.config.schema import ExGRPOConfig
 
 PRESETS = tuple(sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
 # A string whose form is a select box of the shipped presets; Python callers may still pass a YAML path.
@@ -73,7 +73,7 @@ def finished_run(cfg: ExGRPOConfig) -> dict | None:
     """When the run `cfg` names already finished all run.steps (resuming it would train nothing): its
     database row plus `message`, one line saying so and what to do; else None. Reads only the run
     folder and the run's database row."""
-    from exgrpo_core.checkpoint import latest_checkpoint
+    from exgrpo_core.run.checkpoint import latest_checkpoint
     from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 
     run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name

@@ -21,7 +21,8 @@ from typing import Callable
 
 import torch
 
-from exgrpo_core import data, rewards
+from exgrpo_core.data import questions as data
+from exgrpo_core.reward import grading as rewards
 from exgrpo_core.evaluation.suites import (  # noqa: F401 - the suite API, re-exported
     BENCHMARKS, GROUPS, SUITES, EvalItem, benchmark_name, group_of, group_repeats, load_suite, resolve_suite)
 from exgrpo_core.rollout.engine import TransformersEngine

@@ -3,7 +3,7 @@
 `BENCHMARKS` declares, per verl `data_source`, the benchmark's name in tables and its group in the
 paper's Table 1: `id` (the math benchmarks, "ID Avg") or `ood` (ARC-c, GPQA-Diamond, MMLU-Pro,
 "OOD Avg"). A source missing from it keeps its own name and belongs to no group. Each row's grader
-(math-verify or the final choice letter) is chosen by `rewards.grader_for`. A suite is a shipped
+(math-verify or the final choice letter) is chosen by `grading.grader_for`. A suite is a shipped
 name (`SUITES`), a hub name (`HUB_SUITES`, loaded with `datasets`), or anything `data.load_questions`
 reads; repeated rows of one question become one `EvalItem` sampled that many times.
 """
@@ -14,7 +14,8 @@ import functools
 from collections import Counter
 from dataclasses import dataclass
 
-from exgrpo_core import data, rewards
+from exgrpo_core.data import questions as data
+from exgrpo_core.reward import grading
 from exgrpo_core.types import Question
 
 ID, OOD = "id", "ood"
@@ -40,7 +41,7 @@ BENCHMARKS = {
 """verl `data_source` (or dataset name) -> the benchmark; in the paper's column order."""
 SUITES = {"paper": "exgrpo-eval-test.parquet", "paper-valid": "exgrpo-eval-valid.parquet",
           "gsm8k": "gsm8k-test.jsonl", "ood": "exgrpo-eval-ood.parquet"}
-"""Shipped suites (exgrpo_core/datasets/eval-suites.md): name -> file in the bundled folder."""
+"""Shipped suites (exgrpo_core/data/datasets/eval-suites.md): name -> file in the bundled folder."""
 HUB_SUITES = {"mmlu-pro": ("TIGER-Lab/MMLU-Pro", "test", "mmlu_pro")}
 """Suites loaded by name from the Hugging Face hub: name -> (dataset, split, data_source)."""
 MC_INSTRUCTION = ("Answer the following multiple choice question. The last line of your response should be of "
@@ -57,7 +58,7 @@ class EvalItem:
     benchmark: str
     repeats: int = 1
     grader: str = "math"
-    """"math" (math-verify) or "choice" (final choice letter): `rewards.grader_for` of the row."""
+    """"math" (math-verify) or "choice" (final choice letter): `grading.grader_for` of the row."""
 
 
 def benchmark_name(source: str) -> str:
@@ -100,7 +101,7 @@ def group_repeats(questions: list[Question], max_questions: int | None = None) -
         if max_questions is not None and per_bench[bench] >= max_questions:
             continue
         per_bench[bench] += 1
-        out.append(EvalItem(q, bench, repeats, rewards.grader_for(q.source, q.reward_style)))
+        out.append(EvalItem(q, bench, repeats, grading.grader_for(q.source, q.reward_style)))
     return out
 
 

@@ -3,7 +3,7 @@
 A decode step multiplies a few rows (the live samples) by every weight matrix of the model. At 4-32
 rows torch's default CPU product (MKL sgemm on a [out, in] weight) reads each weight well below the
 memory bandwidth; oneDNN's inner product on a weight reordered once into its own blocked layout
-reads it 1.3-1.6x faster (benchmarks/README.md, issue 21). The product is the same; only the float
+reads it 1.3-1.6x faster (docs/benchmarks/speed.md). The product is the same; only the float
 rounding of its sums differs (~1e-6 relative), so tokens stay the same except where a uniform falls
 within that distance of a boundary of the sampling CDF.
 

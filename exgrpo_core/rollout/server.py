@@ -244,7 +244,7 @@ def build_backend(model: str, backend: str, *, dtype: str = "float32", batch_siz
                   tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
                   work_dir: str | None = None):
     """(backend, tokenizer) for `exgrpo rollout-server`: the model by name or path, as the trainer loads it."""
-    from exgrpo_core import models
+    from exgrpo_core.models import load as models
 
     policy, tokenizer = models.load_policy(model, dtype=dtype, tiny={}, seed=0)
     if backend == "transformers":

@@ -69,7 +69,7 @@ def insert_trajectories(conn: Connection, rows: list[dict]) -> None:
     """Trajectory rows in the caller's transaction: PostgreSQL COPY (binary), else executemany.
 
     A step writes ~1000 rows of a few KB each (token ids, log-probs, text); COPY skips the per-row
-    parse/bind of INSERT, which dominated the buffer update at 1M trajectories (benchmarks/db_scale.py).
+    parse/bind of INSERT, which dominated the buffer update at 1M trajectories (benchmarks/scale/db_scale.py).
     """
     if conn.dialect.name != "postgresql" or not rows:
         bulk_insert(conn, insert(Trajectory), rows)

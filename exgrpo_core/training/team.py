@@ -21,12 +21,13 @@ from pathlib import Path
 
 import torch
 
-from exgrpo_core import checkpoint, metrics as M
-from exgrpo_core.training import distributed as D, fsdp, policy
+from exgrpo_core import metrics as M
 from exgrpo_core.rollout import sync as engine_sync
+from exgrpo_core.rollout.engine import sample_counts
+from exgrpo_core.run import checkpoint
+from exgrpo_core.training import distributed as D, fsdp, policy
 from exgrpo_core.training.batch import collate
 from exgrpo_core.training.optimise import optimise
-from exgrpo_core.rollout.engine import sample_counts
 from exgrpo_core.types import Generation, Rollout
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/pair_archives.py: arms of two archives are paired only when the archives agree."""
+"""benchmarks/learning/pair_archives.py: arms of two archives are paired only when the archives agree."""
 
 import json
 import sys
@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-import pair_archives  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.learning import pair_archives  # noqa: E402
 
 FP = {"preset": "arith-fast", "arms": ["on_policy", "x"], "overrides": ["train.lr=3e-05"], "start_model": "sha:1"}
 

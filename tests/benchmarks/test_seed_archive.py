@@ -1,4 +1,4 @@
-"""The per-seed archive of benchmarks/arith_compare.py: seeds add up across sessions, settings must match."""
+"""The per-seed archive of benchmarks/learning/arith_compare.py: seeds add up across sessions, settings must match."""
 
 import json
 import math
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-import seed_archive  # noqa: E402
+sys.path.insert(0, str(BENCH.parent))
+from benchmarks.learning import seed_archive  # noqa: E402
 
-from flows import compare_report, compare_stats  # noqa: E402
+from flows.compare import report as compare_report, stats as compare_stats  # noqa: E402
 
 REPORT = BENCH / "results" / "arith_compare_af-main_report.json"
 FP = {"preset": "arith-fast", "arms": ["on_policy", "exgrpo"], "overrides": []}

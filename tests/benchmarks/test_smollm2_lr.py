@@ -1,13 +1,12 @@
-"""benchmarks/smollm2_lr.py reads the sweep runs' held-out curves from their databases and ranks them by AUC."""
+"""benchmarks/learning/smollm2_lr.py reads the sweep runs' held-out curves from their databases and ranks them by AUC."""
 
 import json
 import math
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-import smollm2_lr  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.learning import smollm2_lr  # noqa: E402
 
 from exgrpo_core import metrics as M  # noqa: E402
 from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url  # noqa: E402
@@ -34,7 +33,7 @@ def test_sweep_table_ranks_rates_by_area_over_the_shared_span(tmp_path, monkeypa
     assert math.isclose(smollm2_lr.auc(smollm2_lr.run_curve(tmp_path / "sm-lr-2e-6")["heldout"], 19), 0.4)
     assert math.isclose(smollm2_lr.auc(curve["heldout"], 19), 0.475)
     results = tmp_path / "results"
-    monkeypatch.setattr("bench_record.RESULTS", results)
+    monkeypatch.setattr("benchmarks.bench_record.RESULTS", results)
     monkeypatch.setattr(sys, "argv", ["smollm2_lr.py", "--runs", str(tmp_path)])
     smollm2_lr.main()
     out = json.loads((results / "smollm2_lr_sweep.json").read_text())

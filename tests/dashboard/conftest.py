@@ -18,7 +18,7 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = """
 import sys
-from exgrpo_core.config_io import load_config
+from exgrpo_core.config.load import load_config
 from flows.train import train
 folder = sys.argv[1]
 common = [f"run.output_dir={folder}/runs", f"run.db_url=sqlite:///{folder}/exp.db",

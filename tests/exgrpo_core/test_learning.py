@@ -11,8 +11,8 @@ import torch
 
 from exgrpo_core import loop
 from exgrpo_core.algorithm import losses
-from exgrpo_core.config_io import load_config
-from exgrpo_core.session import open_session
+from exgrpo_core.config.load import load_config
+from exgrpo_core.run.session import open_session
 
 
 def starts_with_digit(texts, answers):

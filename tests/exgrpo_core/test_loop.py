@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from exgrpo_core import loop
-from exgrpo_core.config_io import load_config
-from exgrpo_core.session import open_session
+from exgrpo_core.config.load import load_config
+from exgrpo_core.run.session import open_session
 from exgrpo_core.types import Question
 
 
@@ -143,7 +143,7 @@ def test_bf16_compute_keeps_float32_master_weights():
     which is why a bf16 GPU run trains float32 weights (the GPU side: training/test_cuda.py)."""
     from types import SimpleNamespace
 
-    from exgrpo_core.session import adamw, master_dtype
+    from exgrpo_core.run.session import adamw, master_dtype
 
     cfg = load_config("tiny", ["model.dtype=bfloat16"])
     assert master_dtype(cfg, SimpleNamespace(mixed_precision="bf16")) == "float32"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from exgrpo_core import loop
-from exgrpo_core.config_io import load_config
-from exgrpo_core.session import open_session
+from exgrpo_core.config.load import load_config
+from exgrpo_core.run.session import open_session
 from exgrpo_core.store.experience_store import ExperienceStore
 
 pytestmark = pytest.mark.slow

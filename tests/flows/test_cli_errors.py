@@ -119,7 +119,7 @@ def test_a_prefect_start_up_timeout_is_one_line_saying_how_to_fix_it(tmp_path, t
 def test_preflight_accepts_the_default_database_in_a_new_run_folder(tmp_path):
     """The first README command: no run.db_url, nothing on disk yet (the default SQLite file lives in the
     run folder the run is about to create); a user's SQLite URL in a missing folder is still refused."""
-    from exgrpo_core.config_io import load_config
+    from exgrpo_core.config.load import load_config
     from exgrpo_core.store.engine import StoreError
     from flows.cli import _preflight
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pydantic
 import yaml
 
-from exgrpo_core.config import ExGRPOConfig
-from exgrpo_core.config_help import config_keys, missing_help, type_name
-from exgrpo_core.config_io import flatten, load_config
+from exgrpo_core.config.keys import config_keys, missing_help, type_name
+from exgrpo_core.config.load import flatten, load_config
+from exgrpo_core.config.schema import ExGRPOConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,15 +13,15 @@ from prefect.flows import load_flow_from_entrypoint
 from prefect.utilities.callables import parameter_schema
 from prefect.utilities.schema_tools import validate
 
-from exgrpo_core.config import ExGRPOConfig
-from exgrpo_core.config_io import load_config
+from exgrpo_core.config.load import load_config
+from exgrpo_core.config.schema import ExGRPOConfig
 from flows.train_params import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = yaml.safe_load((ROOT / "prefect.yaml").read_text())
 DEPLOYMENTS = {d["name"]: d for d in SPEC["deployments"]}
 EXPECTED = {"exgrpo-train": "flows/train.py:train", "exgrpo-evaluate": "flows/evaluate.py:evaluate",
-            "exgrpo-compare": "flows/compare.py:compare"}
+            "exgrpo-compare": "flows/compare/flow.py:compare"}
 
 
 def _schema(name: str) -> dict:

@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from exgrpo_core.config_io import load_config
+from exgrpo_core.config.load import load_config
 from flows import eval_tasks
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from exgrpo_core import metrics as M
-from exgrpo_core.config_io import load_config
+from exgrpo_core.config.load import load_config
 from exgrpo_core.evaluation import evaluate as E, suites as S
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exgrpo_core import checkpoint as C
-from exgrpo_core.config_io import ConfigError, load_config
-from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer, save_policy
+from exgrpo_core.config.load import ConfigError, load_config
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer, save_policy
+from exgrpo_core.run import checkpoint as C
 from flows.evaluate import resolve_target
 
 

@@ -2,7 +2,7 @@
 checkpoint every step) SIGKILLed at random moments, one of them during a checkpoint write, and rerun
 until it finishes, ends exactly where an uninterrupted run does: the same weights and optimiser, every
 experience row, one MLflow point per (metric, step), one finished run, and no process of a killed
-command left alive. Two trials here; `benchmarks/fault_injection.py` runs many."""
+command left alive. Two trials here; `benchmarks/reliability/fault_injection.py` runs many."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import fault_injection as fi  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from benchmarks.reliability import fault_injection as fi  # noqa: E402
 
 pytestmark = pytest.mark.slow
 STEPS = 4

@@ -18,7 +18,7 @@ import pytest
 from e2e_helpers import sqlite_rows as _rows
 
 from exgrpo_core import metrics as M
-from exgrpo_core.checkpoint import latest_checkpoint
+from exgrpo_core.run.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

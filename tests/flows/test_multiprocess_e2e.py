@@ -21,8 +21,8 @@ from e2e_helpers import sqlite_rows as _rows
 import torch
 
 from exgrpo_core import metrics as M
-from exgrpo_core.checkpoint import latest_checkpoint
-from exgrpo_core.models import load_policy
+from exgrpo_core.models.load import load_policy
+from exgrpo_core.run.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,7 +133,7 @@ def test_two_processes_sample_on_one_rollout_server(tmp_path, prefect_server, ti
     """rollout.engine=remote under torchrun: both processes sample on one server; rank 0 alone pushes
     (once when the session opens, once per step) and every push is checked. With FSDP2 the weights
     go by gloo broadcast, interleaved with the gathers of the whole tensors."""
-    from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+    from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
     from exgrpo_core.rollout.server import RolloutServer, build_backend
 
     folder = tmp_path / "server-model"

@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.request
 
-from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.rollout.remote import RemoteEngine
 
 

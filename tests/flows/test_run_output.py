@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo_core.checkpoint import checkpoint_dir
+from exgrpo_core.run.checkpoint import checkpoint_dir
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import types
 import pytest
 from e2e_helpers import sqlite_rows
 
-from exgrpo_core.config_io import load_config
-from exgrpo_core.session import open_session
+from exgrpo_core.config.load import load_config
+from exgrpo_core.run.session import open_session
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 def _open_run(args) -> str:
     uri, barrier = args
-    from exgrpo_core.config import ExGRPOConfig
+    from exgrpo_core.config.schema import ExGRPOConfig
     from flows.tracking import MlflowRun
 
     cfg = ExGRPOConfig()
@@ -45,7 +45,7 @@ def test_a_continued_run_gets_one_point_per_metric_and_step(tmp_path):
     """A resume replays the steps after its checkpoint: points already logged are not logged twice."""
     import mlflow
 
-    from exgrpo_core.config import ExGRPOConfig
+    from exgrpo_core.config.schema import ExGRPOConfig
     from flows.tracking import MlflowRun
 
     cfg = ExGRPOConfig()
@@ -72,7 +72,7 @@ def test_a_kill_while_mlflow_creates_its_store_leaves_no_half_built_store(tmp_pa
     (a half-built store failed every later start with 'table trace_info already exists')."""
     import mlflow.store.db.utils as db_utils
 
-    from exgrpo_core.config import ExGRPOConfig
+    from exgrpo_core.config.schema import ExGRPOConfig
     from flows.tracking import MlflowRun
 
     class Killed(BaseException):
@@ -103,7 +103,7 @@ def test_experiments_are_marked_model_training_new_or_existing_but_a_users_kind_
     """MLflow 3 opens an unmarked experiment in its GenAI view: ours say `custom_model_development`."""
     import mlflow
 
-    from exgrpo_core.config import ExGRPOConfig
+    from exgrpo_core.config.schema import ExGRPOConfig
     from flows.tracking import EXPERIMENT_KIND_TAG, MlflowRun
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -20,8 +20,8 @@ import sqlalchemy as sa
 import torch
 
 from exgrpo_core import metrics as M
-from exgrpo_core.checkpoint import latest_checkpoint
-from exgrpo_core.models import load_policy
+from exgrpo_core.models.load import load_policy
+from exgrpo_core.run.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from exgrpo_core.config_io import ConfigError, PRESETS_DIR
+from exgrpo_core.config.load import PRESETS_DIR, ConfigError
 from flows.plots import write_run_pictures
 from flows.train_params import PRESETS, form_overrides, run_config
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from store_helpers import new_run, store  # noqa: F401
 
+from exgrpo_core.data.questions import DataError
 from exgrpo_core.evaluation import evaluate as E
-from exgrpo_core.data import DataError
-from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.types import Question
 
 
@@ -175,7 +175,7 @@ def test_generation_is_seeded_and_leaves_the_callers_random_stream_alone(tiny):
 
 
 def test_evaluate_items_with_math_verify_and_save_report_round_trip(tiny, store):  # noqa: F811
-    from exgrpo_core.rewards import MathVerifier
+    from exgrpo_core.reward.grading import MathVerifier
 
     model, tok = tiny
     items = [E.EvalItem(Question("q", ({"role": "user", "content": "1+1"},), "2", "tiny"), "B", repeats=2)]

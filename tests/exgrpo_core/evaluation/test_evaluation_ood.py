@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from exgrpo_core import data
+from exgrpo_core.data import questions as data
 from exgrpo_core.evaluation import evaluate as E, suites as S
 from exgrpo_core.types import Generation, Question
 
@@ -75,7 +75,7 @@ class _ScriptedEngine:
 
 
 def test_generation_grades_choice_rows_by_letter_and_only_math_rows_through_verify():
-    from exgrpo_core.models import build_tiny_tokenizer
+    from exgrpo_core.models.build import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     q = [Question("m", ({"role": "user", "content": "1+1"},), "2", "math"),

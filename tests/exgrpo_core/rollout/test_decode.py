@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import TopKLogitsWarper, TopPLogitsWarper
 
-from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.rollout.decode import filter_logits, inverse_cdf
 from exgrpo_core.rollout.engine import TransformersEngine
 

@@ -8,7 +8,7 @@ Run on a GPU machine: python -m pytest tests/exgrpo_core/rollout/test_decode_cud
 import pytest
 import torch
 
-from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.rollout.decode import decode, prefix_prefill
 from exgrpo_core.rollout.engine import TransformersEngine, left_padded
 

@@ -5,7 +5,7 @@ the plain decoder leaves it."""
 import pytest
 import torch
 
-from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.rollout.engine import TransformersEngine, stream_parts
 
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.rollout.engine import TransformersEngine
 
 

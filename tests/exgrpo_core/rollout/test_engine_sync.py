@@ -8,9 +8,9 @@ import copy
 import pytest
 import torch
 
-from exgrpo_core.rollout import sync as engine_sync
-from exgrpo_core import models
 from exgrpo_core import metrics as M
+from exgrpo_core.models import load as models
+from exgrpo_core.rollout import sync as engine_sync
 
 
 class CopyEngine:

@@ -5,7 +5,7 @@ samples as `torch` for a fixed seed."""
 import pytest
 import torch
 
-from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.rollout import packed
 from exgrpo_core.rollout.engine import TransformersEngine
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
+from exgrpo_core.rollout.engine import TransformersEngine
 from exgrpo_core.training import policy
 from exgrpo_core.training.batch import collate
-from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
-from exgrpo_core.rollout.engine import TransformersEngine
 from exgrpo_core.types import Rollout
 
 

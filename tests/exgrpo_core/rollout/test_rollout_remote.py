@@ -12,15 +12,15 @@ import urllib.request
 import pytest
 import torch
 
-from exgrpo_core.rollout import sync as engine_sync
 from exgrpo_core import loop
-from exgrpo_core.training import policy
-from exgrpo_core.training.batch import collate
-from exgrpo_core.config_io import load_config
-from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+from exgrpo_core.config.load import load_config
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
+from exgrpo_core.rollout import sync as engine_sync
 from exgrpo_core.rollout.remote import RemoteEngine, RemoteEngineError
 from exgrpo_core.rollout.server import RolloutServer, build_backend
-from exgrpo_core.session import open_session
+from exgrpo_core.run.session import open_session
+from exgrpo_core.training import policy
+from exgrpo_core.training.batch import collate
 from exgrpo_core.types import Rollout
 
 SHAPE = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 128}  # the tiny preset's

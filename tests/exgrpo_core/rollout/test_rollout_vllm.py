@@ -95,7 +95,7 @@ def test_engine_refuses_clearly_without_vllm_or_gpu():
 def test_real_engine_generates_and_syncs(tmp_path):
     import torch
 
-    from exgrpo_core import models
+    from exgrpo_core.models import load as models
 
     model, tok = models.load_policy("tiny", dtype="float32", seed=0)
     model.save_pretrained(tmp_path / "m")
@@ -119,8 +119,8 @@ def test_real_engine_generates_and_syncs(tmp_path):
 def test_vllm_engine_config_fails_clearly_on_cpu(tmp_path):
     if _has_cuda_vllm():
         pytest.skip("this machine can run vLLM")
-    from exgrpo_core.config_io import load_config
-    from exgrpo_core.session import open_session
+    from exgrpo_core.config.load import load_config
+    from exgrpo_core.run.session import open_session
 
     cfg = load_config("tiny", [f"run.output_dir={tmp_path}", f"run.db_url=sqlite:///{tmp_path / 'e.db'}",
                                "rollout.engine=vllm"])

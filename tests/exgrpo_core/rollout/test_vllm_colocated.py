@@ -20,10 +20,10 @@ import pytest
 import torch
 
 import fake_vllm
-from exgrpo_core.rollout import sync as engine_sync
 from exgrpo_core import loop
-from exgrpo_core.config_io import load_config
-from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+from exgrpo_core.config.load import load_config
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
+from exgrpo_core.rollout import sync as engine_sync
 from exgrpo_core.rollout.vllm_engine import VLLMEngine
 from spawn_helpers import as_rank, run_two
 
@@ -99,7 +99,7 @@ def _cfg(tmp_path, *extra):
 
 @pytest.mark.parametrize("sleep", [False, True])
 def test_training_steps_push_to_the_engine_after_each(vllm_stand_in, tmp_path, sleep):
-    from exgrpo_core.session import open_session
+    from exgrpo_core.run.session import open_session
 
     s = open_session(_cfg(tmp_path, f"rollout.vllm_sleep={sleep}"))
     asleep_in_training = []
@@ -119,7 +119,7 @@ def test_training_steps_push_to_the_engine_after_each(vllm_stand_in, tmp_path, s
 
 
 def test_a_resumed_run_samples_what_an_uninterrupted_one_does(vllm_stand_in, tmp_path):
-    from exgrpo_core.session import open_session
+    from exgrpo_core.run.session import open_session
 
     cfg = _cfg(tmp_path, "run.resume=auto")
     s = open_session(cfg)
@@ -147,7 +147,7 @@ def _spawned(rank: int, tmp: str, tp: int, sharding: str, port: int, out):
 
 
 def _run_rank(rank: int, tmp: str, tp: int, sharding: str) -> dict:
-    from exgrpo_core import session as S
+    from exgrpo_core.run import session as S
 
     fake_vllm.install()
     cfg = _cfg(tmp, f"rollout.vllm_tensor_parallel_size={tp}", f"train.sharding={sharding}")
@@ -192,9 +192,9 @@ def test_two_processes_with_colocated_engines(tmp_path, tp, sharding):
 
 
 def test_a_group_size_that_does_not_divide_the_processes_is_named(monkeypatch, tmp_path):
+    from exgrpo_core.config.load import ConfigError
+    from exgrpo_core.run.session import open_worker
     from exgrpo_core.training import distributed as D
-    from exgrpo_core.config_io import ConfigError
-    from exgrpo_core.session import open_worker
 
     monkeypatch.setattr(D, "topology", lambda: D.Topology(rank=0, world=3))
     with pytest.raises(ConfigError, match="vllm_tensor_parallel_size=2 must divide the 3 training processes"):

@@ -1,4 +1,4 @@
-"""Store changes made for scale (benchmarks/db_scale.py): migration 0002 keeps data, COPY path errors and
+"""Store changes made for scale (benchmarks/scale/db_scale.py): migration 0002 keeps data, COPY path errors and
 atomicity, bucket order independent of the database's collation."""
 
 from __future__ import annotations

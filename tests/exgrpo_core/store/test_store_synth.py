@@ -1,4 +1,4 @@
-"""benchmarks/synth_store.fill: the synthetic run is a consistent store that the real API keeps using."""
+"""benchmarks/scale/synth_store.fill: the synthetic run is a consistent store that the real API keeps using."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from exgrpo_core.store.experience_store import ExperienceStore
 from exgrpo_core.store.tables import GroupResultRow, QuestionState, Replay, StepMetric, Trajectory
 
 _spec = importlib.util.spec_from_file_location(
-    "synth_store", Path(__file__).resolve().parents[3] / "benchmarks" / "synth_store.py")
+    "synth_store", Path(__file__).resolve().parents[3] / "benchmarks" / "scale" / "synth_store.py")
 synth_store = sys.modules["synth_store"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(synth_store)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from accelerate.commands.config.config_args import ClusterConfig
 
-from exgrpo_core.session import SUPPORTED_DISTRIBUTED
+from exgrpo_core.run.session import SUPPORTED_DISTRIBUTED
 
 CONFIGS = sorted((Path(__file__).resolve().parents[3] / "configs" / "accelerate").glob("*.yaml"))
 

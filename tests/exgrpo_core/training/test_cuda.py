@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from exgrpo_core.config_io import load_config
+from exgrpo_core.config.load import load_config
 from exgrpo_core.training import fsdp, policy
 from exgrpo_core.training.batch import collate
 from spawn_helpers import run_two
@@ -35,7 +35,7 @@ def fresh_accelerator_state():
 
 
 def _model(seed: int = 0):
-    from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+    from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     return build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, seed=seed), tok
@@ -92,9 +92,9 @@ def test_fsdp2_bf16_step_on_cuda_keeps_fp32_master_weights_and_follows_float32()
 
 
 def _worker_fsdp2_bf16(acc):
-    from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+    from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
     from exgrpo_core.rollout.engine import TransformersEngine
-    from exgrpo_core.session import adamw
+    from exgrpo_core.run.session import adamw
     from exgrpo_core.training.team import Worker
 
     tok = build_tiny_tokenizer()
@@ -111,7 +111,7 @@ def test_session_iterations_on_cuda_in_bf16(tmp_path, sharding):
     """The tiny preset in bf16 on the GPU, through the library loop: sampling, scoring, verification,
     buffer and optimiser steps run there, the weights stay float32 masters and change every step."""
     from exgrpo_core import loop
-    from exgrpo_core.session import open_session
+    from exgrpo_core.run.session import open_session
 
     cfg = load_config("tiny", [f"run.output_dir={tmp_path}", f"run.db_url=sqlite:///{tmp_path / 'x.db'}",
                                "run.resume=never", "model.dtype=bfloat16", f"train.sharding={sharding}",
@@ -137,8 +137,8 @@ def _spawned_nccl(rank: int, mode: str, port: int, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
     try:
-        from exgrpo_core.config import ExGRPOConfig
-        from exgrpo_core.session import make_accelerator
+        from exgrpo_core.config.schema import ExGRPOConfig
+        from exgrpo_core.run.session import make_accelerator
         from exgrpo_core.training import distributed as D
         from exgrpo_core.training.team import serve
 

@@ -90,8 +90,8 @@ def test_not_shared_under_gradient_checkpointing_in_training(llama):
 
 
 def test_the_config_switch_reaches_the_trainer(tmp_path):
-    from exgrpo_core.config_io import load_config
-    from exgrpo_core.session import open_session
+    from exgrpo_core.config.load import load_config
+    from exgrpo_core.run.session import open_session
 
     for on in (True, False):
         cfg = load_config("tiny", [f"run.output_dir={tmp_path / str(on)}", "run.resume=never",

@@ -2,8 +2,8 @@
 
 import pytest
 
+from exgrpo_core.models import load as models
 from exgrpo_core.training import memory_plan as mp
-from exgrpo_core import models
 
 
 def test_param_count_matches_a_real_model():

@@ -8,8 +8,8 @@ import torch
 from accelerate import Accelerator
 
 from exgrpo_core.algorithm import losses
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.training.batch import collate, micro_batch_rows
-from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.training.optimise import optimise
 from exgrpo_core.types import Rollout
 

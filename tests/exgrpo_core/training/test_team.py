@@ -15,13 +15,13 @@ from functools import partial
 import pytest
 import torch
 
-from exgrpo_core.training import fsdp
 from exgrpo_core.algorithm import losses
-from exgrpo_core.training.batch import collate, micro_batch_rows
-from exgrpo_core.config import ExGRPOConfig
-from exgrpo_core.models import build_tiny_model, build_tiny_tokenizer
+from exgrpo_core.config.schema import ExGRPOConfig
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.rollout.engine import TransformersEngine
-from exgrpo_core.session import adamw
+from exgrpo_core.run.session import adamw
+from exgrpo_core.training import fsdp
+from exgrpo_core.training.batch import collate, micro_batch_rows
 from exgrpo_core.training.team import Team, TeamError, Worker, serve
 from exgrpo_core.types import Rollout
 from spawn_helpers import run_two
@@ -81,7 +81,7 @@ def _run(worker: Worker) -> dict:
 def _spawned(rank: int, mode: str, port: int, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
-    from exgrpo_core.session import make_accelerator
+    from exgrpo_core.run.session import make_accelerator
 
     acc = make_accelerator(ExGRPOConfig())
     worker = _worker(acc, mode)
@@ -192,7 +192,7 @@ def _spawned_push(rank: int, port: int, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
     from exgrpo_core.rollout.sync import EngineSyncError
-    from exgrpo_core.session import make_accelerator
+    from exgrpo_core.run.session import make_accelerator
 
     worker = _worker(make_accelerator(ExGRPOConfig()))
     model = worker.accelerator.unwrap_model(worker.model)

@@ -1,4 +1,4 @@
-"""Indexes for the experience database at scale (benchmarks/db_scale.py, 1M trajectories).
+"""Indexes for the experience database at scale (benchmarks/scale/db_scale.py, 1M trajectories).
 
 Rollback to a step (resume) filters trajectories by collected_step and group results by step, and
 rebuilds replay counters per question; without these each was a scan of the whole run. Adding

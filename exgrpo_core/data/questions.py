@@ -1,0 +1,202 @@
+"""Question loading: bundled sets, JSONL, Parquet (flat or verl), Hugging Face datasets.
+
+Owns turning dataset rows into `Question`s (chat messages + ground truth) and a question into prompt
+token ids. Flat rows become [system?] + user(question + "\\n" + instruction), the Qwen-math
+convention of the paper's code; verl rows (`prompt` chat list, `reward_model.ground_truth`,
+`data_source`) keep their messages as they are. The bundled easy sets exist for the CPU demo only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from exgrpo_core.types import Question
+
+BUNDLED_DIR = Path(__file__).parent / "datasets"
+_SPLIT_STEMS = {"train", "test", "valid", "validation", "dev", "eval", "data"}
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
+class DataError(ValueError):
+    """A dataset cannot be read; the message names the file, the row and the bad field."""
+
+
+def load_questions(path: str, *, question_key: str = "question", answer_key: str = "answer",
+                   system_prompt: str | None = None,
+                   instruction: str = "Please reason step by step, and put your final answer within \\boxed{}.",
+                   max_questions: int | None = None, locations: dict[str, str] | None = None) -> list[Question]:
+    """Read questions from `bundled:NAME`, a .jsonl / .parquet file, `hf:NAME[:CONFIG][:SPLIT]` or
+    `gen:arith-<sft|train|test>` (generated two-digit arithmetic, exgrpo_core/data/arith.py).
+
+    Args:
+        path: where the questions are (see above).
+        question_key, answer_key: fields of flat rows (verl rows use `prompt` / `reward_model.ground_truth`).
+        system_prompt: optional system message for flat rows.
+        instruction: appended to the user message of flat rows after a newline ("" for none).
+        max_questions: keep the first N questions.
+        locations: when given, filled with uid -> the row's place ("line 12", "row 3") for reports.
+
+    Returns:
+        Questions in file order. uid = the row's `id`/`uid`, else "<dataset>-<row index>".
+    """
+    if max_questions is not None and max_questions < 1:
+        raise DataError(f"max_questions must be >= 1 (got {max_questions})")
+    name, rows = _open(path)
+    questions: list[Question] = []
+    seen: dict[str, str] = {}
+    for index, (where, row) in enumerate(rows):
+        q = _to_question(row, f"{path} {where}", f"{name}-{index}", name, question_key, answer_key,
+                         system_prompt, instruction)
+        if q.uid in seen:
+            raise DataError(f"{path} {where}: duplicated uid {q.uid!r} (first seen at {seen[q.uid]})")
+        seen[q.uid] = where
+        questions.append(q)
+        if locations is not None:
+            locations[q.uid] = f"{path} {where}"
+        if max_questions is not None and len(questions) >= max_questions:
+            break
+    if not questions:
+        raise DataError(f"{path}: no questions found")
+    return questions
+
+
+def prompt_token_ids(tokenizer, question: Question, max_prompt_tokens: int) -> list[int]:
+    """The question's chat prompt (generation prompt added) as token ids, keeping the LAST max_prompt_tokens.
+
+    Example: the tiny tokenizer renders [user "1+2"] as "<bos><|user|>1+2\\n<|assistant|>", one id per
+    character or marker; with max_prompt_tokens=3 only the ids of "2", "\\n", "<|assistant|>" remain.
+    """
+    if max_prompt_tokens < 1:
+        raise ValueError(f"max_prompt_tokens must be >= 1 (got {max_prompt_tokens})")
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(f"the tokenizer has no chat_template, so question {question.uid!r} cannot be "
+                        "rendered as a chat prompt; use an instruct model or set tokenizer.chat_template")
+    text = tokenizer.apply_chat_template(list(question.messages), add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # the template already holds BOS
+    return list(ids[-max_prompt_tokens:])
+
+
+def bundled_names() -> list[str]:
+    """Names usable as `bundled:NAME`."""
+    return sorted(p.stem for p in BUNDLED_DIR.glob("*.jsonl"))
+
+
+def _open(path: str) -> tuple[str, Iterator[tuple[str, dict]]]:
+    """(dataset name, iterator of (position for messages, row dict)) for any supported source."""
+    if path.startswith("bundled:"):
+        name = path.removeprefix("bundled:")
+        file = BUNDLED_DIR / f"{name}.jsonl"
+        if not file.is_file():
+            raise DataError(f"{path}: no bundled dataset {name!r}; available: {', '.join(bundled_names())}")
+        return name, _jsonl_rows(file)
+    if path.startswith("hf:"):
+        return _hf_rows(path)
+    if path.startswith("gen:"):  # generated in-process (exgrpo_core/data/arith.py)
+        from exgrpo_core.data import arith
+
+        name = path.removeprefix("gen:")
+        split = name.removeprefix("arith-")
+        if not name.startswith("arith-") or split not in arith.SPLITS:
+            raise DataError(f"{path}: no generated dataset {name!r}; available: "
+                            f"{', '.join('arith-' + s for s in arith.SPLITS)}")
+        return name, ((f"row {i + 1}", row) for i, row in enumerate(arith.rows(split)))
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise DataError(f"{path}: file not found")
+    split_named = file.stem.split(".")[0] in _SPLIT_STEMS  # train.jsonl, test.id.parquet: prefix the folder
+    name = f"{file.parent.name}-{file.stem}" if split_named and file.parent.name else file.stem
+    if file.suffix == ".jsonl":
+        return name, _jsonl_rows(file)
+    if file.suffix == ".parquet":
+        return name, _parquet_rows(file)
+    raise DataError(f"{path}: unsupported file type {file.suffix!r}; use .jsonl, .parquet, bundled:NAME or hf:NAME")
+
+
+def _jsonl_rows(file: Path) -> Iterator[tuple[str, dict]]:
+    with open(file, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{file} line {number}: unreadable JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{file} line {number}: expected a JSON object, got {type(row).__name__}")
+            yield f"line {number}", row
+
+
+def _parquet_rows(file: Path) -> Iterator[tuple[str, dict]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        batches = pq.ParquetFile(file).iter_batches(batch_size=1024)
+        number = 0
+        for batch in batches:
+            for row in batch.to_pylist():
+                number += 1
+                yield f"row {number}", row
+    except (OSError, pa.ArrowException) as err:
+        raise DataError(f"{file}: unreadable parquet ({err})") from None
+
+
+def _hf_rows(path: str) -> tuple[str, Iterator[tuple[str, dict]]]:
+    parts = path.removeprefix("hf:").split(":")
+    if not parts[0] or len(parts) > 3:
+        raise DataError(f"{path}: expected hf:NAME, hf:NAME:SPLIT or hf:NAME:CONFIG:SPLIT")
+    name, config, split = parts[0], (parts[1] if len(parts) == 3 else None), (parts[-1] if len(parts) > 1 else "train")
+    try:
+        import datasets
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as err:  # noqa: BLE001 - the hub client raises many types; all mean "not available"
+        raise DataError(
+            f"{path}: could not load Hugging Face dataset {name!r} (split {split!r}): {type(err).__name__}: "
+            f"{err}. The hub may be unreachable: download the data and pass a local .jsonl/.parquet path") from err
+    tag = name.rsplit("/", 1)[-1] + (f"-{split}" if split else "")
+    return tag, ((f"row {i + 1}", row) for i, row in enumerate(ds))
+
+
+def _to_question(row: dict, where: str, default_uid: str, name: str, question_key: str, answer_key: str,
+                 system_prompt: str | None, instruction: str) -> Question:
+    uid = row.get("id", row.get("uid"))
+    uid = default_uid if uid is None or str(uid) == "" else str(uid)
+    if isinstance(row.get("prompt"), list) and isinstance(row.get("reward_model"), dict):
+        messages = _verl_messages(row["prompt"], where)
+        answer = _answer_text(row["reward_model"].get("ground_truth"), where, "reward_model.ground_truth")
+        return Question(uid, messages, answer, str(row.get("data_source") or name),
+                        str(row["reward_model"].get("style") or ""))
+    question = row.get(question_key)
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{where}: missing or empty question field {question_key!r}")
+    answer = _answer_text(row.get(answer_key), where, answer_key)
+    user = question.strip() + ("\n" + instruction if instruction else "")
+    messages = ({"role": "system", "content": system_prompt},) if system_prompt else ()
+    source = row.get("data_source", row.get("source"))
+    return Question(uid, messages + ({"role": "user", "content": user},), answer,
+                    source if isinstance(source, str) and source else name, str(row.get("reward_style") or ""))
+
+
+def _verl_messages(prompt: list, where: str) -> tuple[dict, ...]:
+    messages = []
+    for i, m in enumerate(prompt):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise DataError(f"{where}: prompt[{i}] must be a {{'role': str, 'content': str}} message")
+        messages.append({"role": m["role"], "content": m["content"]})
+    if not messages:
+        raise DataError(f"{where}: empty prompt")
+    return tuple(messages)
+
+
+def _answer_text(value, where: str, field: str) -> str:
+    """Ground truth as text; GSM8K's "... #### 1,234" becomes "1234"."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise DataError(f"{where}: missing or non-text answer field {field!r} (got {type(value).__name__})")
+    text = str(value).strip()
+    if "####" in text:
+        text = _THOUSANDS.sub("", text.rsplit("####", 1)[1].strip())
+    if not text:
+        raise DataError(f"{where}: empty answer field {field!r}")
+    return text

@@ -1,0 +1,118 @@
+"""The arms of a comparison: on-policy GRPO, ExGRPO and the paper's ablations, as config overrides.
+
+Every arm is the base config (preset + the user's overrides) plus its own overrides, then a run name
+`<comparison>-<arm>-s<seed>` and the seed; the same name on a rerun resumes instead of duplicating.
+Arms never touch the batch size or the group size, so each step fills the same B*K rollout slots
+(see docs/comparison.md for why the *generated* responses per step differ by the replayed ones).
+No Prefect import here: the CLI checks arms before any server starts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from exgrpo_core.config.load import ConfigError, load_config
+from exgrpo_core.config.schema import ExGRPOConfig
+
+# arm -> (overrides, paper in-distribution average for Qwen2.5-Math-7B (the paper's ablation table); None: not reported)
+ARMS: dict[str, tuple[tuple[str, ...], float | None]] = {
+    "on_policy": (("buffer.replay_ratio=0",), 45.3),
+    "exgrpo": ((), 48.3),
+    "no_question_selection": (("selection.question_weighting=question_uniform",), 46.7),
+    "no_trajectory_selection": (("selection.trajectory=random",), 46.3),
+    "no_selection": (("selection.question_weighting=question_uniform", "selection.trajectory=random"), 46.1),
+    "highest_entropy": (("selection.trajectory=argmax",), 46.0),
+    "rho_0.25": (("buffer.replay_ratio=0.25",), 46.4),
+    "rho_0.75": (("buffer.replay_ratio=0.75",), 44.8),
+    "no_policy_shaping": (("loss.policy_shaping=false",), 41.2),
+}
+
+ArmName = Literal[tuple(ARMS)]  # the Prefect form offers these names
+
+
+@dataclass
+class ArmRun:
+    """One child training run of a comparison: which arm, which seed, its resolved config."""
+
+    arm: str
+    seed: int
+    cfg: ExGRPOConfig
+    paper_id_avg: float | None
+    overrides: list[str] = field(default_factory=list)  # what made cfg from the preset (a deployment's parameters)
+
+
+def parse_arms(arms: list[str] | str | None) -> list[str]:
+    """`None` -> every arm; `"a,b"` or `["a", "b"]` -> those, checked against ARMS, order kept."""
+    if arms is None:
+        return list(ARMS)
+    names = [a.strip() for a in (arms.split(",") if isinstance(arms, str) else arms) if a.strip()]
+    unknown = [a for a in names if a not in ARMS]
+    if unknown:
+        raise ConfigError(f"unknown comparison arm(s) {unknown}; choose from {', '.join(ARMS)}")
+    if not names:
+        raise ConfigError(f"no comparison arm given; choose from {', '.join(ARMS)}")
+    if len(set(names)) < len(names):
+        raise ConfigError(f"comparison arms repeat: {names}")
+    return names
+
+
+def parse_seeds(seeds: list[int] | str) -> list[int]:
+    """`"0,1"`, `"0-3"` (both ends included) or `[0, 1]` -> a list; at least one, no repeats."""
+    try:
+        out = []
+        for s in (seeds.split(",") if isinstance(seeds, str) else seeds):
+            lo, dash, hi = str(s).strip().partition("-")
+            out += list(range(int(lo), int(hi) + 1)) if dash and lo else [int(s)] if str(s).strip() else []
+    except ValueError:
+        raise ConfigError(f"seeds must be integers, e.g. 0,1 or 0-3 (got {seeds!r})") from None
+    if not out or len(set(out)) < len(out):
+        raise ConfigError(f"seeds must be one or more distinct integers (got {seeds!r})")
+    return out
+
+
+def run_name(comparison: str, arm: str, seed: int) -> str:
+    """Child run name, e.g. `cmp-exgrpo-s0`: stable, so a rerun resumes the same run."""
+    return f"{comparison}-{arm}-s{seed}"
+
+
+def build_arm_runs(preset: str, overrides: list[str] | None, arms: list[str] | str | None,
+                   seeds: list[int] | str, name: str, evaluate: bool) -> list[ArmRun]:
+    """Resolved configs of every (arm, seed), arms outer; the arm's overrides win over the user's."""
+    check_name(name)
+    runs = []
+    base = load_config(preset, overrides)  # a bad user override fails here, once
+    final_eval = ["eval.final=true"] if evaluate and can_evaluate(base) else []
+    for arm in parse_arms(arms):
+        arm_overrides, ref = ARMS[arm]
+        for seed in parse_seeds(seeds):
+            child = [*(overrides or []), *arm_overrides, *final_eval, f"run.name={run_name(name, arm, seed)}",
+                     f"run.seed={seed}"]
+            runs.append(ArmRun(arm, seed, load_config(preset, child), ref, child))
+    check_equal_slots(runs)
+    return runs
+
+
+def check_name(name: str, kind: str = "comparison") -> None:
+    """A comparison's (or sweep's) name prefixes run names and folders: a safe, short word."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}", name):
+        raise ConfigError(f"{kind} name must be letters, digits, '.', '_' or '-' (got {name!r})")
+
+
+def can_evaluate(cfg: ExGRPOConfig) -> bool:
+    """True when this build has a final evaluation and the config names held-out data for it."""
+    ev = cfg.eval
+    return "final" in type(ev).model_fields and bool(getattr(ev, "suites", None) or cfg.data.eval_path)
+
+
+def rollout_slots(cfg: ExGRPOConfig) -> int:
+    """Group slots per step, B*K: K generated responses per fresh question, K-1 + 1 replayed per experiential one."""
+    return cfg.train.batch_size * cfg.rollout.group_size
+
+
+def check_equal_slots(runs: list[ArmRun]) -> None:
+    """Every arm must fill the same B*K slots per step, or the comparison is refused."""
+    slots = {(r.arm, r.seed): rollout_slots(r.cfg) for r in runs}
+    if len(set(slots.values())) > 1:
+        raise ConfigError(f"arms differ in rollout budget (train.batch_size * rollout.group_size): {slots}")

@@ -1,0 +1,85 @@
+"""Prefect sweep flow: a grid of config values x seeds as parallel child runs, one report with the grid as rows.
+
+    exgrpo sweep --config tiny --grid 'train.lr=1e-6,3e-6' --seeds 0-3 --slots 4
+
+Children (flows/compare/grid.py) are flow runs of the `exgrpo-train` deployment, submitted, awaited and
+read back as a parallel comparison's are (flows/compare/parallel.py); one MLflow parent run holds them nested
+and the report (sweep_<name>.md/.csv/.json and plots) as artifacts.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from prefect import flow
+
+from exgrpo_core.config.load import load_config
+from flows.compare import parallel as par, report
+from flows.compare.arms import parse_seeds
+from flows.compare.flow import _find_parent, _target_weights
+from flows.compare.grid import build_children
+from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
+
+
+@flow(name="exgrpo-sweep", log_prints=True)
+def sweep(preset: str = "tiny", grid: list[str] = [], overrides: list[str] | None = None,  # noqa: B006
+          seeds: list[int] = [0], evaluate: bool = True, name: str | None = None,  # noqa: B006
+          work_pool: str | None = None, work_queue: str = par.QUEUE, slots: int | None = None,
+          retry_failed: bool = False, deployment: str = par.DEPLOYMENT) -> dict:
+    """Train every grid point x seed in parallel on the deployment's work pool; write one table.
+
+    Args:
+        preset: A preset in configs/ or a YAML path.
+        grid: `key=v1,v2` strings; the points are every combination of their values.
+        overrides: dotted.key=value strings applied to every child.
+        seeds: One child per grid point and seed.
+        evaluate: A final held-out evaluation in every child (when the config names held-out data).
+        name: The sweep's name (default sweep-<preset>): the MLflow parent run and the children's prefix.
+        work_pool: The pool the children must run on (checked against the deployment's pool).
+        work_queue: The pool's queue the children go to (created when missing).
+        slots: Concurrency limit set on that queue: children running at once (one per GPU).
+        retry_failed: Resubmit only the children whose latest run failed, crashed or was cancelled.
+        deployment: The training deployment children run as.
+    """
+    name = name or f"sweep-{preset}"
+    children = build_children(preset, overrides, grid, seeds, name, evaluate)
+    target = par.Target(deployment, work_pool, work_queue, slots, retry_failed)
+    par.prepare(target)  # no server, deployment or pool as named: one line, before the MLflow parent
+    for c in children:
+        c.target_weights = _target_weights(c.cfg)
+    base = load_config(preset, [*(overrides or []), f"run.name={name}"])
+    check_server(resolve_tracking_uri(base))
+    parent = MlflowRun(base, _find_parent(base, name, "exgrpo.sweep"),
+                       tags={"exgrpo.sweep": name, "exgrpo.preset": preset, "exgrpo.grid": " ; ".join(grid)})
+    try:
+        results = par.run_children(children, target, name, preset, parent.run_id)
+        paths = report.write_report(results, Path(base.run.output_dir).resolve() / name, name,
+                                    _meta(base, preset, grid, overrides, seeds, name, evaluate, target), prefix="sweep")
+        for path in paths.values():
+            parent.mlflow.MlflowClient().log_artifact(parent.run_id, path)
+        print(Path(paths["md"]).read_text())
+        par.check_finished(results, paths["md"])
+        parent.end("FINISHED")
+    except BaseException:
+        parent.end("FAILED")
+        raise
+    return {"name": name, "parent_mlflow_run_id": parent.run_id, "files": paths,
+            "rows": [r["row"] for r in results]}
+
+
+def _meta(base, preset: str, grid: list[str], overrides, seeds, name: str, evaluate: bool,
+          target: par.Target) -> dict:
+    cmd = ["exgrpo", "sweep", "--config", preset, "--name", name, *sum((["--grid", g] for g in grid), []),
+           "--seeds", ",".join(map(str, parse_seeds(seeds))), *sum((["--set", o] for o in overrides or []), []),
+           *par.cli_args(target), *([] if evaluate else ["--no-eval"])]
+    B, K = base.train.batch_size, base.rollout.group_size
+    notes = [f"Command: `{shlex.join(cmd)}`", "",
+             f"Preset `{preset}`, {base.run.steps} steps, B={B} x K={K}; one row per grid point and seed, and a "
+             "mean row per grid point over its finished seeds. Rewards are the last step's values (`mean reward`: "
+             "over all steps); held-out columns come from the final evaluation when the config names held-out data.",
+             par.NOTE.format(deployment=target.deployment, queue=target.queue)]
+    return {"title": "Sweep", "row_label": "grid point", "skip_columns": ["responses_to_target", "paper_id_avg"],
+            "preset": preset, "grid": list(grid),
+            "overrides": list(overrides or []), "seeds": parse_seeds(seeds), "steps": base.run.steps,
+            "evaluate": evaluate, "command": shlex.join(cmd), "notes": notes}

@@ -1,0 +1,63 @@
+"""One process per run (exgrpo_core/run/locks.py): a second opener is refused with one line naming the holder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from store_helpers import PG_URL
+
+from exgrpo_core.config.load import load_config
+from exgrpo_core.run import locks
+from exgrpo_core.run.session import open_session
+
+
+def _cfg(tmp_path, *extra):
+    return load_config("tiny", [f"run.output_dir={tmp_path}", f"run.db_url=sqlite:///{tmp_path / 'x.db'}",
+                                "run.name=one", *extra])
+
+
+def test_second_session_on_the_same_run_is_refused_naming_the_holder(tmp_path):
+    s = open_session(_cfg(tmp_path), verify=lambda t, a: [(0.0, "wrong")] * len(t))
+    try:
+        # another process would be refused; inside this one, drop the registry entry to open it again
+        held = locks._HELD.pop(str(s.run_dir))
+        with pytest.raises(locks.RunLockedError) as e:
+            open_session(_cfg(tmp_path))
+        msg = str(e.value)
+        assert "run 'one' is already running" in msg and f"pid {os.getpid()}" in msg and "\n" not in msg
+        locks._HELD[str(s.run_dir)] = held
+    finally:
+        s.close()
+    s2 = open_session(_cfg(tmp_path), verify=lambda t, a: [(0.0, "wrong")] * len(t))  # freed by close
+    s2.close()
+
+
+def test_file_lock_is_freed_when_its_holder_is_killed(tmp_path):
+    code = ("import sys, time; from exgrpo_core.run.locks import RunLock; RunLock.file(sys.argv[1], 'r'); "
+            "print('held', flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    with pytest.raises(locks.RunLockedError, match=f"pid {proc.pid} on"):
+        locks.RunLock.file(tmp_path, "r")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    locks.RunLock.file(tmp_path, "r").release()
+
+
+@pytest.mark.postgres
+def test_postgres_advisory_lock_refuses_a_second_holder_by_run_name(tmp_path):
+    name = f"lock-test-{os.getpid()}"
+    first = locks.lock_run(tmp_path / "a", name, PG_URL)
+    try:
+        with pytest.raises(locks.RunLockedError) as e:  # another output dir, same database and run name
+            locks.lock_run(tmp_path / "b", name, PG_URL)
+        assert f"run '{name}' is already running (exgrpo run {name}: pid {os.getpid()}" in str(e.value)
+    finally:
+        locks.unlock_run(tmp_path / "a")
+    assert first._release is None
+    locks.lock_run(tmp_path / "b", name, PG_URL)
+    locks.unlock_run(tmp_path / "b")
