@@ -76,6 +76,9 @@ def _preflight(cfg, run_dir: Path) -> None:
     from exgrpo_core.store.experience_store import resolve_db_url
     from flows.tracking import check_server
 
+    from exgrpo_core.run.session import check_context
+
+    check_context(cfg)  # prompt + response must fit the model's positions (read from its config)
     questions = data.load_questions(
         cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
         system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction, max_questions=cfg.data.max_questions)
@@ -340,24 +343,26 @@ def _config_args(sp, *, required: bool, config_help: str = "preset name (tiny, c
 
 
 def cmd_rollout_server(args: argparse.Namespace) -> int:
-    from exgrpo_core.rollout.server import RolloutServer, build_backend
+    """Run a stock `vllm serve` with the flags rollout.engine=remote needs (printed first; --dry-run stops there)."""
+    from exgrpo_core.rollout.remote import PIP_HINT, serve_command, serve_env
 
-    backend, tokenizer = build_backend(args.model, args.backend, dtype=args.dtype, batch_size=args.batch_size,
-                                       tensor_parallel_size=args.tensor_parallel_size,
-                                       gpu_memory_utilization=args.gpu_memory_utilization,
-                                       max_model_len=args.max_model_len)
-    try:
-        server = RolloutServer(backend, tokenizer, model_name=args.model, host=args.host, port=args.port)
-    except OSError as e:  # e.g. the port is taken by another server
-        console.print(f"[red]error[/red]: cannot listen on {args.host}:{args.port}: {escape(str(e.strerror or e))}")
+    extra = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
+    cmd = serve_command(args.model, host=args.host, port=args.port, dtype=args.dtype, seed=args.seed,
+                        tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
+                        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
+                        extra=extra)
+    env, shown = serve_env(cmd)
+    print(shown, flush=True)
+    host = "rollout-node" if args.host in ("0.0.0.0", "::") else args.host
+    print(f"train with: --set rollout.engine=remote --set rollout.server_url=http://{host}:{args.port}"
+          f" --set model.dtype={args.dtype}", flush=True)
+    if args.dry_run:
+        return 0
+    if shutil.which("vllm") is None:
+        console.print("[red]error[/red]: " + escape(f"`exgrpo rollout-server` runs `vllm serve`, which is not "
+                                                    f"installed here: `{PIP_HINT}` on the rollout node"))
         return 2
-    console.print(f"rollout server ({args.backend}, {args.model}) on {server.url}: train with "
-                  f"--set rollout.engine=remote --set rollout.server_url={server.url}", markup=False)
-    try:
-        server.serve_forever()
-    finally:
-        server.stop()
-    return 0
+    os.execvpe("vllm", cmd, {**os.environ, **env})  # replaces this process: signals and exit code are vLLM's
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -446,16 +451,21 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", required=True, help="folder to write (model safetensors, config, tokenizer)")
     ex.add_argument("--dtype", default="float32", help="weights' dtype in the export (float32, bfloat16, float16)")
     ex.set_defaults(fn=cmd_export)
-    rs = sub.add_parser("rollout-server", help="serve rollouts for rollout.engine=remote (a dedicated rollout node)")
-    rs.add_argument("--model", required=True, help="model name or path: the same one the trainer starts from")
-    rs.add_argument("--backend", choices=["transformers", "vllm"], default="transformers")
-    rs.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for other nodes)")
-    rs.add_argument("--port", type=int, default=8009)
-    rs.add_argument("--dtype", default="float32", help="weights on the server (vLLM: bfloat16)")
-    rs.add_argument("--batch-size", type=int, default=64, help="(transformers) sequences per generate call")
-    rs.add_argument("--tensor-parallel-size", type=int, default=1, help="(vllm) GPUs the engine spans")
-    rs.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="(vllm) share of each GPU")
-    rs.add_argument("--max-model-len", type=int, default=None, help="(vllm) prompt + response tokens")
+    rs = sub.add_parser("rollout-server", help="start `vllm serve` for rollout.engine=remote (a dedicated rollout "
+                        "node); flags after -- go to vllm serve")
+    rs.add_argument("--model", required=True, help="Hugging Face name or folder: the model the trainer starts from "
+                    "(`exgrpo export` turns a checkpoint into one)")
+    rs.add_argument("--host", default="127.0.0.1", help="address to listen on: a private interface only (the "
+                    "weight routes take no API key)")
+    rs.add_argument("--port", type=int, default=8000)
+    rs.add_argument("--dtype", default="bfloat16", help="weights on the server: the trainer's model.dtype")
+    rs.add_argument("--seed", type=int, default=0, help="the server's sampling seed (requests carry none)")
+    rs.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs each replica spans")
+    rs.add_argument("--data-parallel-size", type=int, default=1, help="replicas (GPUs = tensor x data parallel)")
+    rs.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of each GPU")
+    rs.add_argument("--max-model-len", type=int, default=None, help="prompt + response tokens")
+    rs.add_argument("--dry-run", action="store_true", help="print the command and stop")
+    rs.add_argument("vllm_args", nargs=argparse.REMAINDER, help="more `vllm serve` flags, after --")
     rs.set_defaults(fn=cmd_rollout_server)
     return p
 

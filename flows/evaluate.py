@@ -94,7 +94,8 @@ def evaluate(preset: str = "tiny", overrides: list[str] | None = None, model: st
         try:
             policy, tokenizer = models.load_policy(target.source, dtype=cfg.model.dtype,
                                                    tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed,
-                                                   warm_start=cfg.model.warm_start.model_dump())
+                                                   warm_start=cfg.model.warm_start.model_dump(),
+                                                   hf_overrides=cfg.model.hf_overrides)
             if torch.cuda.is_available():
                 policy = policy.cuda()
             with MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers) as v:

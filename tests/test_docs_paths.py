@@ -15,8 +15,11 @@ def _exists(path: Path) -> bool:
     git ignores (a folder a script creates, such as a virtual environment) counts as named on purpose."""
     if path.exists() or any(path.parent.glob(path.name)) or any(path.parent.glob(path.name + "*")):
         return True
-    return subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=path.parent if path.parent.is_dir()
-                          else ROOT).returncode == 0
+    try:
+        rel = str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return False
+    return any(subprocess.run(["git", "check-ignore", "-q", name], cwd=ROOT).returncode == 0 for name in (rel, rel + "/"))
 
 
 def broken_references(md: Path, text: str, root: Path = ROOT) -> list[str]:

@@ -140,6 +140,17 @@ def micro_sum_norm_denominators(micro_mask: torch.Tensor, max_response_len: int,
     return float(max_response_len * ranks), float(ranks) * max(float((micro_mask != 0).sum().item()), 1.0)
 
 
+def virtual_micro_denominator(response_tokens: int, total_tokens: int, micro_tokens: int, ranks: int) -> float:
+    """Authors' code (micro_sum_norm): the entropy and KL token means are per verl dynamic micro-batch of at
+    most `micro_tokens` tokens (prompt + response), summed, ranks averaged: k = ceil(total / micro_tokens)
+    micro-batches of equal shares, so each token counts 1 / (ranks * response_tokens / k), whatever the
+    memory micro-batches. Example: 3,000 response tokens of 40,000, 32,768-token batches, 1 rank -> 1500.0."""
+    if micro_tokens < 1 or ranks < 1:
+        raise LossInputError(f"micro_tokens and ranks must be >= 1, got {micro_tokens} and {ranks}")
+    k = max(1, math.ceil(total_tokens / micro_tokens))
+    return float(ranks) * max(float(response_tokens), 1.0) / k
+
+
 def _masked_mean(x: torch.Tensor, sel: torch.Tensor) -> float:
     return float(x[sel].float().mean().item()) if bool(sel.any()) else 0.0
 

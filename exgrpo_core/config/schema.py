@@ -10,15 +10,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-
-class ConfigError(ValueError):
-    """A config file, preset name or override that cannot be used; the message names the problem."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", validate_assignment=True)
+from exgrpo_core.config.base import ConfigError, _Section  # noqa: F401 (ConfigError: the package's error)
+from exgrpo_core.config.monitors import Bounds, MonitorsConfig  # noqa: F401 (part of the tree)
 
 
 class RunConfig(_Section):
@@ -95,6 +90,11 @@ class ModelConfig(_Section):
     """Supervised warm start of `tiny-sft` (ignored otherwise)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    hf_overrides: dict | None = None
+    """Model config fields changed for the trainer and the vLLM engine alike (vLLM's `hf_overrides`, set
+    by `config.update`), e.g. `--set 'model.hf_overrides={max_position_embeddings: 16384}'`; a rope field
+    this transformers reads from rope_parameters (rope_theta) is refused at the top level: set
+    rope_parameters. Checked at start: prompt + longest response must fit max_position_embeddings."""
 
 
 class DataConfig(_Section):
@@ -118,17 +118,29 @@ class DataConfig(_Section):
 class RolloutConfig(_Section):
     engine: Literal["transformers", "vllm", "remote"] = "transformers"
     """Rollout backend: transformers (shares the trainer's module), vllm (colocated, GPU only) or
-    remote (a rollout server on another node, `exgrpo rollout-server`; needs `server_url`)."""
+    remote (a stock `vllm serve` on another node, started by `exgrpo rollout-server`; needs `server_url`)."""
     server_url: str | None = None
-    """(remote) The rollout server's address, e.g. http://rollout-node:8009."""
+    """(remote) The `vllm serve` address, e.g. http://rollout-node:8000."""
     server_timeout_s: float = Field(default=600.0, gt=0)
-    """(remote) Seconds one request may take (a batch of long generations)."""
-    server_weight_transport: Literal["http", "gloo", "nccl"] = "http"
-    """(remote) How pushed weights travel: HTTP bodies (safetensors), or broadcast in a two-member
-    process group with the server: gloo (CPU) or nccl (GPU to GPU, no copy through host memory)."""
+    """(remote) Seconds one request may take (a prompt's long generations, a weight push)."""
+    server_api_key: str | None = None
+    """(remote) The key the server was started with (its VLLM_API_KEY); default: the EXGRPO_ROLLOUT_API_KEY
+    environment variable, which keeps it out of the saved config. vLLM checks it on /v1 and /inference only."""
     server_group_host: str | None = None
-    """(remote, gloo / nccl) The address the server connects back to (default: this machine's
-    address on the route to the server)."""
+    """(remote) This machine's address that the server's GPU workers connect to for the NCCL weight
+    transfer (default: this machine's address on the route to the server)."""
+    server_group_port: int = Field(default=0, ge=0, le=65535)
+    """(remote) Port of that rendezvous (the trainer hosts it); 0: a free one. Must be reachable from the server."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data):
+        if isinstance(data, dict) and "server_weight_transport" in data:
+            raise ValueError("rollout.server_weight_transport was removed: weights now go to the server through "
+                             "vLLM's NCCL weight-transfer engine (set rollout.server_group_host / server_group_port "
+                             "if the server's workers cannot reach this machine's default address)")
+        return data
+
     group_size: int = Field(default=8, ge=2)
     """K responses per question (paper: 8)."""
     temperature: float = Field(default=1.0, gt=0)
@@ -168,8 +180,14 @@ class RolloutConfig(_Section):
     vllm_enforce_eager: bool = False
     """(vllm) Skip CUDA graph capture (slower decoding, faster start, less memory)."""
     vllm_sleep: bool = False
-    """(vllm) Put the engine to sleep after sampling (vLLM sleep level 1: KV cache freed, weights moved
-    to CPU memory) so scoring and training get its GPU memory; it wakes for the weight push."""
+    """(vllm) Put the engine to sleep after sampling (vLLM sleep level 2: KV cache and weights released,
+    nothing copied to CPU memory) so scoring and training get its GPU memory; the push wakes the weights
+    alone and overwrites them, the KV cache wakes just before the next sampling."""
+    vllm_exact_resume: bool = False
+    """(vllm) A resumed run samples the tokens the uninterrupted run did: every request seeded from the
+    checkpointed RNG and VLLM_BATCH_INVARIANT=1. Slower (vLLM's per-request sampling path, batch-invariant
+    kernels, which also apply to training in the same process). Off: the engine is seeded once per
+    tensor-parallel group; a resume keeps questions, buffer and weights exact, not the sampled tokens."""
 
 
 class RewardConfig(_Section):
@@ -268,6 +286,10 @@ class LossConfig(_Section):
     """Divide advantages by the group std (off in paper and code, following Dr.GRPO)."""
     entropy_coef: float = Field(default=0.001, ge=0)
     """Entropy bonus (code: 0.001)."""
+    entropy_micro_tokens: int = Field(default=32768, ge=1)
+    """(micro_sum_norm) The authors' verl micro-batches hold at most this many tokens (prompt + response)
+    per GPU; the entropy and KL token means are taken per such micro-batch and summed, whatever our own
+    memory micro-batches (train.micro_batch_size / micro_batch_tokens) are."""
     kl_coef: float = Field(default=0.0, ge=0)
     """KL penalty to a frozen reference model (off by default; > 0 loads the reference)."""
     tis_cap: float | None = Field(default=None, gt=0)
@@ -346,65 +368,6 @@ class EvalConfig(_Section):
         return self
 
 
-MonitorAction = Literal["warn", "checkpoint_and_stop"]
-
-
-class Bounds(_Section):
-    """One replay-health monitor (exgrpo_core/observe/monitors.py, docs/monitors.md): fires at a step whose watched
-    value lies outside [min, max]."""
-
-    min: float | None = None
-    """Fire when the value falls below this (None: no lower bound)."""
-    max: float | None = None
-    """Fire when the value rises above this (None: no upper bound)."""
-    action: MonitorAction = "warn"
-    """warn: report the firing (Prefect event, MLflow tag, CLI line, dashboard banner) and go on;
-    checkpoint_and_stop: also write a checkpoint and stop the run with a non-success status."""
-
-    @model_validator(mode="after")
-    def _ordered(self) -> "Bounds":
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"monitor bounds need min <= max (got min {self.min} > max {self.max})")
-        return self
-
-
-class MonitorsConfig(_Section):
-    """Replay-health monitors: checked after every step; a value outside its bounds is a firing."""
-
-    enabled: bool = True
-    """Check the monitors at all."""
-    fresh_entropy: Bounds = Bounds(min=0.03, max=3.0)
-    """Mean H(o) of the step's fresh rollouts (nats/token): below min a collapse, above max a blow-up."""
-    replayed_entropy: Bounds = Bounds(min=0.03, max=3.0)
-    """Mean H(o) of the replayed trajectories under the current policy (steps that replay only)."""
-    zero_variance: Bounds = Bounds(max=0.95)
-    """Fraction of the step's groups whose rewards are all equal (no policy gradient): -> 1 means stalled."""
-    iw_max: Bounds = Bounds(max=50.0)
-    """Largest importance weight w = pi_theta / pi_behaviour over replayed tokens (steps that replay only)."""
-    iw_var: Bounds = Bounds(max=10.0)
-    """Variance of w over replayed tokens (steps that replay only)."""
-    logprob_gap: Bounds = Bounds(max=0.1)
-    """Rollout-vs-trainer log-prob gap (nats/token): the larger of `rollout/logprob_gap` and the vLLM
-    weight-push probe `engine/sync_logprob_gap`."""
-    timeout_rate: Bounds = Bounds(max=0.05)
-    """Fraction of the step's responses whose verification timed out."""
-    retired_fraction: Bounds = Bounds(max=0.9)
-    """Retired questions / training questions: running away leaves little to learn from."""
-    unfilled_slots: Bounds = Bounds(max=0.5)
-    """Fraction of the step's replay slots (round(rho*B) once replay is on) left without a trajectory."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _keep_default_bounds(cls, data):
-        """A partly given monitor (`--set monitors.iw_max.action=...`) keeps the rest of its defaults."""
-        if not isinstance(data, dict):
-            return data
-        out = dict(data)
-        for name, value in data.items():
-            field = cls.model_fields.get(name)
-            if field is not None and isinstance(field.default, Bounds) and isinstance(value, dict):
-                out[name] = {**field.default.model_dump(), **value}
-        return out
 
 
 class ExGRPOConfig(_Section):
@@ -461,7 +424,8 @@ class ExGRPOConfig(_Section):
             raise ValueError("run.checkpoint_weights=sharded needs train.sharding=fsdp2 (replicated weights "
                              "have no shards to write)")
         if self.rollout.engine == "remote" and not self.rollout.server_url:
-            raise ValueError("rollout.engine=remote needs rollout.server_url (the `exgrpo rollout-server` address)")
+            raise ValueError("rollout.engine=remote needs rollout.server_url (the `vllm serve` address that "
+                             "`exgrpo rollout-server` prints)")
         return self
 
     @property

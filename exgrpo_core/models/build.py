@@ -48,10 +48,12 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_tiny_model(tokenizer: PreTrainedTokenizerBase, hidden_size: int = 64, num_layers: int = 2,
-                     num_heads: int = 4, intermediate_size: int = 128, seed: int = 0) -> LlamaForCausalLM:
+                     num_heads: int = 4, intermediate_size: int = 128, seed: int = 0,
+                     config_overrides: dict | None = None) -> LlamaForCausalLM:
     """Seeded random Llama-style causal LM over the tiny tokenizer's vocabulary.
 
-    The global torch RNG is left untouched (initialisation runs inside `fork_rng`).
+    The global torch RNG is left untouched (initialisation runs inside `fork_rng`). `config_overrides`:
+    config fields set before the model is built (`model.hf_overrides`).
     """
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
@@ -59,6 +61,7 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerBase, hidden_size: int = 64, 
         max_position_embeddings=2048, tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id)
+    config.update(dict(config_overrides or {}))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)

@@ -17,7 +17,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel,
+                          PreTrainedTokenizerBase)
 
 from exgrpo_core.models.build import TINY, build_tiny_model, build_tiny_tokenizer, save_policy
 from exgrpo_core.run.checkpoint import MODEL_SHARDS, has_weight_shards, no_progress_bars
@@ -129,8 +130,41 @@ def _plain_copy(model: PreTrainedModel) -> PreTrainedModel:
     return plain
 
 
+def apply_overrides(config, overrides: dict | None):
+    """`model.hf_overrides` set on a model config by vLLM's rule (`config.update`, vllm/transformers_utils/
+    config.py), so the trainer and the engine read one model. A rope field that this transformers keeps
+    inside `rope_parameters` (e.g. rope_theta) would be set beside it and ignored: refused, naming the fix."""
+    if not overrides:
+        return config
+    rope = getattr(config, "rope_parameters", None)
+    hidden = sorted(set(overrides) & set(rope or {})) if isinstance(rope, dict) else []
+    if hidden:
+        raise ModelLoadError(f"model.hf_overrides.{hidden[0]} would be ignored: this transformers reads it from "
+                             f"rope_parameters; set model.hf_overrides.rope_parameters instead (now {rope})")
+    config.update(dict(overrides))
+    return config
+
+
+def policy_config(name_or_path: str, *, tiny: dict | None = None, hf_overrides: dict | None = None):
+    """The policy's config with `hf_overrides` applied, read without its weights; None when it cannot be
+    read here (a hub name offline, SmolLM2 before its conversion): loading the model then says why."""
+    if name_or_path in (TINY, TINY_SFT):
+        tokenizer = build_tiny_tokenizer()
+        with torch.device("meta"):
+            config = build_tiny_model(tokenizer, **(tiny or {})).config
+    elif name_or_path == SMOLLM2:
+        return None
+    else:
+        try:
+            config = AutoConfig.from_pretrained(os.path.expanduser(name_or_path))
+        except (OSError, ValueError):
+            return None
+    return apply_overrides(config, hf_overrides)
+
+
 def load_policy(name_or_path: str, *, dtype: str = "float32", tiny: dict | None = None,
-                seed: int = 0, warm_start: dict | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+                seed: int = 0, warm_start: dict | None = None,
+                hf_overrides: dict | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load the policy and its tokenizer.
 
     Args:
@@ -139,6 +173,7 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", tiny: dict | None 
         tiny: shape of the tiny model (TinyModelConfig fields); ignored for other models.
         seed: initialisation seed of the tiny model.
         warm_start: (tiny-sft) WarmStartConfig fields; the warm-started model is built once and cached.
+        hf_overrides: config fields changed before the weights load (`apply_overrides`).
 
     Returns:
         (model, tokenizer); the tokenizer always has a pad token (EOS when it had none).
@@ -147,19 +182,20 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", tiny: dict | None 
         raise ModelLoadError(f"unknown dtype {dtype!r} for model {name_or_path!r}; use one of {sorted(_DTYPES)}")
     if name_or_path == TINY:
         tokenizer = build_tiny_tokenizer()
-        model = build_tiny_model(tokenizer, **(tiny or {}), seed=seed)
+        policy_config(TINY, tiny=tiny, hf_overrides=hf_overrides)  # refuses a field that would be ignored
+        model = build_tiny_model(tokenizer, **(tiny or {}), seed=seed, config_overrides=hf_overrides)
     elif name_or_path == TINY_SFT:
         from exgrpo_core.config.schema import TinyModelConfig, WarmStartConfig
         from exgrpo_core.models import warm_start as ws  # slow to import; only tiny-sft needs it
 
         shape = TinyModelConfig(**(tiny or {})).model_dump()
         folder = ws.warm_started(shape, WarmStartConfig(**(warm_start or {})).model_dump())
-        model, tokenizer = _from_pretrained(name_or_path, str(folder))
+        model, tokenizer = _from_pretrained(name_or_path, str(folder), hf_overrides)
     elif has_weight_shards(os.path.expanduser(name_or_path)):
-        model, tokenizer = _from_weight_shards(os.path.expanduser(name_or_path))
+        model, tokenizer = _from_weight_shards(os.path.expanduser(name_or_path), hf_overrides)
     else:
         source = str(convert_smollm2()) if name_or_path == SMOLLM2 else name_or_path
-        model, tokenizer = _from_pretrained(name_or_path, source)
+        model, tokenizer = _from_pretrained(name_or_path, source, hf_overrides)
     model = own_aligned_memory(model.to(_DTYPES[dtype]))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -181,17 +217,17 @@ def own_aligned_memory(model: torch.nn.Module, alignment: int = 64) -> torch.nn.
     return model
 
 
-def _from_weight_shards(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _from_weight_shards(path: str, overrides: dict | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A checkpoint written with run.checkpoint_weights=sharded: the model built from its config,
     every shard read into it (in this process alone, whatever process group is running)."""
     import warnings
 
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from transformers import AutoConfig
 
     try:
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
+        config = apply_overrides(AutoConfig.from_pretrained(path), overrides)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         state = model.state_dict()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
@@ -205,7 +241,8 @@ def _from_weight_shards(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizer
     return model, AutoTokenizer.from_pretrained(path)
 
 
-def _from_pretrained(name: str, source: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _from_pretrained(name: str, source: str,
+                     overrides: dict | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     looks_local = source.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(source))
     if looks_local and not os.path.isdir(os.path.expanduser(source)):
         raise ModelLoadError(f"model {name!r}: local path {source} does not exist")
@@ -213,7 +250,8 @@ def _from_pretrained(name: str, source: str) -> tuple[PreTrainedModel, PreTraine
     try:  # a local folder loads without progress bars; a hub download keeps them
         with no_progress_bars() if looks_local else contextlib.nullcontext():
             tokenizer = AutoTokenizer.from_pretrained(source)
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+            extra = {"config": apply_overrides(AutoConfig.from_pretrained(source), overrides)} if overrides else {}
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **extra)
     except (OSError, ValueError) as err:
         reason = " ".join(str(err).split())  # transformers' messages span lines
         if looks_local:

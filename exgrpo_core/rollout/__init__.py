@@ -2,8 +2,6 @@
 
   engine        the protocol and the transformers engine (CPU and GPU)
   vllm_engine   vLLM, colocated with the trainer
-  remote        an engine on a rollout server, over HTTP
-  server        `exgrpo rollout-server`
+  remote        a stock `vllm serve` on another node, through vLLM's RL routes and weight transfer
   sync          push weights to an external engine and prove they landed
-  weight_group  broadcast pushes (gloo / NCCL) to a rollout server
 """

@@ -1,148 +1,316 @@
-"""`rollout.engine=remote`: sample on a rollout server (rollout_server.py) on another node.
+"""`rollout.engine=remote`: sample on a stock `vllm serve` (vLLM 0.33) on another node, through vLLM's own
+RL interface. `exgrpo rollout-server` starts that server with the flags below (`serve_command`).
 
-`RemoteEngine` has the calls of the colocated engines: `generate` (same `Generation` records),
-`push_weights` (the trainer's named tensors in chunks of at most `chunk_bytes`: safetensors bodies,
-or broadcasts in a two-member process group with the server, weight_group.py),
-`checksums` and `probe` (engine_sync checks every push with them). Sampling seeds come from the
-trainer's torch RNG, so a resumed run asks the server for the same draws.
+`RemoteEngine` has the calls of the colocated engines:
+- `generate`: one POST /inference/v1/generate per prompt (token ids in; token ids and the sampled tokens'
+  processed log-probs out: `--logprobs-mode processed_logprobs`), sent concurrently so the server batches
+  them; `Generation` records as `vllm_engine.generation_from_vllm` makes them. Every output must carry the
+  weight version of the last push (its `weight_versions` spans), or generate raises.
+- `push_weights`: POST /pause (in-flight requests drained, KV and prefix caches cleared), vLLM's trainer-side
+  NCCL weight-transfer engine (start_weight_update -> update_weights + broadcast -> finish_weight_update,
+  labelled with a new weight version), POST /resume, then GET /weight_info must name that version.
+- `checksums` and `probe` (what engine_sync checks every push with): sha256 digests from /weight_checker
+  against the bytes pushed, and the prompt log-probs of a fixed sequence.
+The transfer sits behind one seam, `open_transfer(client, params, dtype)`: `nccl_transfer` here; the tests
+substitute a CPU stand-in (vLLM is not installed there). Sampling is seeded on the server (`--seed`), not
+per request, so a resumed run does not repeat an uninterrupted run's draws.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
-import threading
+import socket
 import urllib.error
+import urllib.parse
 import urllib.request
-from typing import Any, Iterable
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from functools import cached_property
+from types import SimpleNamespace
+from typing import Any, Callable, Iterable
 
 import torch
-from safetensors.torch import save as save_safetensors
 
-from exgrpo_core.rollout import weight_group
-from exgrpo_core.rollout.engine import sample_counts, weight_chunks
+from exgrpo_core.rollout.engine import sample_counts
+from exgrpo_core.rollout.sync import EngineSyncError, checksum, is_checked
+from exgrpo_core.rollout.vllm_engine import VLLMUnavailable, generation_from_vllm
 from exgrpo_core.types import Generation
+
+API_KEY_ENV = "EXGRPO_ROLLOUT_API_KEY"
+"""Environment variable holding the server's API key (`exgrpo rollout-server` hands it to vLLM as VLLM_API_KEY)."""
+PIP_HINT = "pip install exgrpo[vllm]"
 
 
 class RemoteEngineError(RuntimeError):
-    """The rollout server could not be reached or refused a request."""
+    """The rollout server could not be reached, refused a request, or sampled from other weights."""
+
+
+def require_vllm() -> None:
+    """Raise VLLMUnavailable unless vLLM's trainer-side weight transfer can be imported (checked before model load)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise VLLMUnavailable(f"rollout.engine=remote needs vLLM on the trainer too (its NCCL weight-transfer "
+                              f"engine sends the weights): `{PIP_HINT}`")
+
+
+def serve_command(model: str, *, host: str = "127.0.0.1", port: int = 8000, dtype: str = "bfloat16", seed: int = 0,
+                  tensor_parallel_size: int = 1, data_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
+                  max_model_len: int | None = None, extra: Iterable[str] = ()) -> list[str]:
+    """The `vllm serve` command line of a rollout server (run it with VLLM_SERVER_DEV_MODE=1 for the RL routes)."""
+    cmd = ["vllm", "serve", model, "--host", host, "--port", str(port), "--dtype", dtype, "--seed", str(seed),
+           "--tensor-parallel-size", str(tensor_parallel_size), "--data-parallel-size", str(data_parallel_size),
+           "--gpu-memory-utilization", str(gpu_memory_utilization),
+           "--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
+           "--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    return cmd + list(extra)
+
+
+def serve_env(cmd: list[str]) -> tuple[dict[str, str], str]:
+    """The variables `vllm serve` needs (RL routes; EXGRPO_ROLLOUT_API_KEY as VLLM_API_KEY, kept off the command
+    line where `ps` shows it) and the command as printed, the key named, not shown."""
+    import os
+    import shlex
+
+    key = os.environ.get(API_KEY_ENV)
+    env = {"VLLM_SERVER_DEV_MODE": "1", **({"VLLM_API_KEY": key} if key else {})}
+    return env, "VLLM_SERVER_DEV_MODE=1 " + (f"VLLM_API_KEY=${API_KEY_ENV} " if key else "") + shlex.join(cmd)
+
+
+def generate_request(token_ids: list[int], **sampling: Any) -> dict:
+    """A GenerateRequest body (vllm/entrypoints/scale_out/token_in_token_out/protocol.py); `sampling`: SamplingParams fields."""
+    return {"token_ids": [int(t) for t in token_ids], "sampling_params": sampling}
+
+
+class ServerClient:
+    """JSON over HTTP to the vLLM server, with the API key; also vLLM's `VLLMWeightSyncClient` (its four methods,
+    vllm/distributed/weight_transfer/base.py), so the trainer-side transfer engine drives the RL routes through it."""
+
+    def __init__(self, url: str, *, api_key: str | None = None, timeout_s: float = 600.0):
+        self.url, self.api_key, self.timeout_s = url.rstrip("/"), api_key, timeout_s
+        self.version: str | None = None  # the label finish_weight_update gives the weights being pushed
+
+    def call(self, method: str, path: str, body: dict | None = None, *, query: dict | None = None) -> Any:
+        """One request; raises RemoteEngineError with the server's reason on failure."""
+        url = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), method=method)
+        req.add_header("Content-Type", "application/json")
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as e:
+            raise RemoteEngineError(f"rollout server {self.url}{path}: HTTP {e.code}: {_reason(e)}{_hint(e.code)}") from e
+        except (urllib.error.URLError, OSError) as e:
+            raise RemoteEngineError(f"rollout server at {self.url} is not reachable ({getattr(e, 'reason', e)}); "
+                                    "start it with `exgrpo rollout-server` or check rollout.server_url") from e
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.call("POST", "/init_weight_transfer_engine", {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.call("POST", "/start_weight_update")
+
+    def update_weights(self, update_info: dict | list) -> None:
+        self.call("POST", "/update_weights", {"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        """Finish and label the weights: vLLM's NCCL engine calls this without a version (nccl_engine.py send_weights)."""
+        self.call("POST", "/finish_weight_update", {"weight_version": weight_version or self.version})
+
+
+def _reason(e: urllib.error.HTTPError) -> str:
+    try:
+        body = json.loads(e.read())
+    except (ValueError, AttributeError):
+        return ""
+    err = body.get("error", body.get("detail", "")) if isinstance(body, dict) else body
+    return str(err.get("message", err) if isinstance(err, dict) else err)[:500]
+
+
+def _hint(code: int) -> str:
+    return {401: " (wrong or missing API key: set EXGRPO_ROLLOUT_API_KEY or rollout.server_api_key to the server's)",
+            403: " (start the server with --enable-scale-out: `exgrpo rollout-server` does)",
+            404: " (start the server with VLLM_SERVER_DEV_MODE=1 for the RL routes: `exgrpo rollout-server` does)",
+            }.get(code, "")
+
+
+def check_server(client: ServerClient) -> None:
+    """Fail early, with the fix named, when the server is down, refuses the key, or lacks the RL or token routes."""
+    client.call("GET", "/v1/models")          # reachable, and the API key is accepted (/v1 is guarded)
+    client.call("GET", "/get_world_size")     # dev mode (VLLM_SERVER_DEV_MODE=1)
+    try:
+        client.call("POST", "/inference/v1/generate", {})  # disabled: 403; enabled: the empty body is refused
+    except RemoteEngineError as e:
+        if "HTTP 403" in str(e) or "HTTP 401" in str(e) or "HTTP 404" in str(e):
+            raise
+
+
+def digest(tensor: torch.Tensor, dtype: torch.dtype) -> str:
+    """sha256 of the tensor's bytes in `dtype`, as vLLM's /weight_checker computes it (weight_checksum.py)."""
+    t = tensor.detach().to(dtype).cpu().contiguous()
+    return hashlib.sha256(t.view(-1).view(torch.uint8).numpy()).hexdigest()
+
+
+def nccl_transfer(client: ServerClient, params: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype, *,
+                  host: str | None = None, port: int = 0):
+    """vLLM's trainer-side NCCL weight-transfer engine (rank 0 the sender, the server's workers ranks 1..world);
+    `send(named)` pushes one stream of whole tensors, cast to `dtype` on this GPU."""
+    require_vllm()
+    if not torch.cuda.is_available():
+        raise VLLMUnavailable("rollout.engine=remote sends weights GPU to GPU (NCCL): the trainer needs a CUDA GPU")
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+    class StreamSource(WeightSource):
+        """The tensors team.py streams (FSDP2: gathered in step on every process), not ModuleSource's own gathers."""
+
+        named: Iterable = ()
+
+        @cached_property
+        def metadata(self):
+            return [ParamMeta(n, dtype, tuple(s)) for n, s in params]
+
+        def iter_full(self):
+            for n, t in self.named:
+                yield n, t.detach().to("cuda", dtype).contiguous()
+
+    workers = int(client.call("GET", "/get_world_size")["world_size"])  # TP x PP x DP
+    info = NCCLTrainerInitInfo(master_address=host or address_towards(client.url), master_port=port or free_port(),
+                               world_size=workers + 1, rank=0)
+    source = StreamSource()
+    engine = WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
+
+    def send(named):
+        source.named = named
+        engine.send_weights()
+
+    return SimpleNamespace(send=send, close=engine.shutdown)
+
+
+def address_towards(url: str) -> str:
+    """This machine's address on the route to `url`'s host (what the server's workers connect back to)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((urllib.parse.urlparse(url).hostname or "127.0.0.1", 9))  # no packet is sent
+        return s.getsockname()[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 class RemoteEngine:
-    shared_by_processes = True  # several training processes sample on one server; rank 0 pushes
-    def __init__(self, url: str, tokenizer, *, top_p: float = 1.0, timeout_s: float = 600.0,
-                 chunk_bytes: int = 512 << 20, transport: str = "http", group_host: str | None = None):
-        self.url = url.rstrip("/")
-        self.transport, self.group_host, self.pair, self.seq = transport, group_host, None, 0
-        self.top_p = top_p
-        self.batch_size = None  # the server batches; kept so evaluation settings can be applied alike
-        self.tokenizer, self.timeout_s, self.chunk_bytes = tokenizer, timeout_s, chunk_bytes
-        info = self._call("GET", "/health")
-        self.server = info
-        self.eos_ids = [int(t) for t in info["eos_ids"]]
-        self.pad_id = int(info["pad_id"])
-        self.weight_dtype = getattr(torch, str(info["dtype"]).removeprefix("torch."))
-        tok_eos = tokenizer.eos_token_id
-        if tok_eos is not None and int(tok_eos) not in self.eos_ids:
-            raise RemoteEngineError(f"the rollout server at {self.url} serves {info['model']!r}, whose EOS ids "
-                                    f"{self.eos_ids} do not include this tokenizer's EOS {tok_eos}: a different model?")
+    """The trainer's handle on a `vllm serve` rollout server (see the module docstring)."""
 
-    def _call(self, method: str, path: str, payload: Any = None, raw: bytes | None = None) -> Any:
-        data = raw if raw is not None else (json.dumps(payload).encode() if payload is not None else None)
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        req.add_header("Content-Type", "application/octet-stream" if raw is not None else "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            try:
-                why = json.loads(e.read()).get("error", "")
-            except (ValueError, AttributeError):
-                why = ""
-            raise RemoteEngineError(f"rollout server {self.url}{path}: HTTP {e.code}: {why}") from e
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise RemoteEngineError(f"rollout server at {self.url} is not reachable ({reason}); start it with "
-                                    "`exgrpo rollout-server` or check rollout.server_url") from e
+    shared_by_processes = True  # several training processes sample on one server; rank 0 pushes
+
+    def __init__(self, url: str, tokenizer, *, params: list[tuple[str, tuple[int, ...]]], eos_ids: list[int],
+                 weight_dtype: torch.dtype = torch.bfloat16, top_p: float = 1.0, timeout_s: float = 600.0,
+                 api_key: str | None = None, open_transfer: Callable | None = None, max_requests: int = 256):
+        self.client = ServerClient(url, api_key=api_key, timeout_s=timeout_s)
+        self.tokenizer, self.params, self.weight_dtype, self.top_p = tokenizer, list(params), weight_dtype, top_p
+        self.eos_ids = [int(t) for t in eos_ids]
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.batch_size = None  # the server batches; kept so evaluation settings can be applied alike
+        self.open_transfer, self.transfer, self.max_requests = open_transfer or nccl_transfer, None, max_requests
+        self.run_tag, self.pushes, self.version = uuid.uuid4().hex[:8], 0, None
+        self.pushed: dict[str, tuple[str, float]] = {}  # checked name -> (digest, checksum) of what was pushed
+        check_server(self.client)
+
+    def _post_generate(self, body: dict) -> dict:
+        out = self.client.call("POST", "/inference/v1/generate", body)
+        for choice in out["choices"]:
+            spans = choice.get("weight_versions") or []
+            versions = sorted({s["version"] for s in spans})
+            if self.version is not None and choice.get("token_ids") and versions != [self.version]:
+                raise RemoteEngineError(f"the rollout server sampled with weights labelled {versions or 'nothing'}, "
+                                        f"the last push was {self.version}: another trainer pushed to it, or it "
+                                        "restarted; one server serves one run")
+        return out
 
     def generate(self, prompts: list[list[int]], n: int | list[int], *, temperature: float,
                  max_new_tokens: int) -> list[list[Generation]]:
+        """`n` (or n[i]) responses per prompt with the sampled tokens' processed log-probs, one request per prompt."""
         counts = sample_counts(prompts, n)
-        seed = int(torch.randint(0, 2**62, (1,)))
-        out = self._call("POST", "/generate", {"prompts": prompts, "counts": counts, "temperature": temperature,
-                                                "max_new_tokens": max_new_tokens, "seed": seed, "top_p": self.top_p})
-        groups = out["generations"]
-        if [len(g) for g in groups] != counts:
-            raise RemoteEngineError(f"rollout server returned {[len(g) for g in groups]} generations, asked {counts}")
-        return [[Generation(response_ids=g["response_ids"], logprobs=g["logprobs"], text=g["text"],
-                            truncated=g["truncated"], entropies=g.get("entropies") or [])
-                 for g in group] for group in groups]
+        bodies = [generate_request(p, n=c, temperature=temperature, top_p=self.top_p, max_tokens=max_new_tokens,
+                                   logprobs=0, stop_token_ids=self.eos_ids, detokenize=False)
+                  for p, c in zip(prompts, counts)]
+        with ThreadPoolExecutor(max_workers=max(1, min(len(bodies), self.max_requests))) as pool:
+            outs = list(pool.map(self._post_generate, bodies))
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        groups = []
+        for c, out in zip(counts, outs):
+            choices = sorted(out["choices"], key=lambda ch: ch["index"])
+            if len(choices) != c:
+                raise RemoteEngineError(f"rollout server returned {len(choices)} generations, asked {c}")
+            groups.append([generation_from_vllm(_completion(ch), eos_ids=self.eos_ids, max_new_tokens=max_new_tokens,
+                                                decode=decode) for ch in choices])
+        return groups
 
     def push_weights(self, named_params: Iterable[tuple[str, Any]]) -> int:
-        """Send every named tensor (in the server's dtype) in chunks; returns tensors loaded."""
-        if self.transport != "http":
-            return self._broadcast_push(named_params)
-        prepare = lambda t: t.to("cpu", self.weight_dtype).contiguous()  # noqa: E731
-        return sum(self._send(dict(chunk)) for chunk in weight_chunks(named_params, self.chunk_bytes, prepare))
+        """Pause the server, send every tensor through the transfer engine under a new weight version, resume,
+        and check the server reports that version; returns tensors sent."""
+        self.transfer = self.transfer or self.open_transfer(self.client, self.params, self.weight_dtype)
+        self.pushes += 1
+        version = self.client.version = f"exgrpo-{self.run_tag}-{self.pushes}"
+        self.pushed, sent = {}, 0
 
-    def _send(self, tensors: dict[str, torch.Tensor]) -> int:
-        tied = {}  # safetensors refuses shared storage (tied embeddings): send independent copies
-        seen: set[int] = set()
-        for n, t in tensors.items():
-            ptr = t.untyped_storage().data_ptr()
-            tied[n] = t.clone() if ptr in seen else t
-            seen.add(ptr)
-        return int(self._call("POST", "/weights", raw=save_safetensors(tied))["loaded"])
+        def tapped():
+            nonlocal sent
+            for name, t in named_params:
+                if is_checked(name):
+                    self.pushed[name] = (digest(t, self.weight_dtype), checksum(t, self.weight_dtype))
+                sent += 1
+                yield name, t
 
-    def _open_pair(self) -> weight_group.Pair:
-        """Start the weight group's store here and have the server join it (weight_group.py)."""
-        host = self.group_host or weight_group.address_towards(self.url)
-        port = weight_group.free_port()
-        answer: dict = {}
-        asked = threading.Thread(target=self._call_into, args=(answer, "/group", {
-            "host": host, "port": port, "backend": self.transport, "timeout_s": self.timeout_s}))
-        asked.start()
+        self.client.call("POST", "/pause", query={"mode": "wait", "clear_cache": "true"})  # stale KV blocks go
         try:
-            pair = weight_group.open_pair(host, port, 0, self.transport, self.timeout_s)
-        except (RuntimeError, ValueError) as e:  # torch's DistNetworkError / DistStoreError, a bad backend
-            asked.join()
-            raise RemoteEngineError(
-                f"the weight group with the rollout server at {host}:{port} ({self.transport}) could not be formed: "
-                f"{str(e).splitlines()[0]}; set rollout.server_group_host to an address of this machine the "
-                "server can reach, or use rollout.server_weight_transport=http") from e
-        asked.join()
-        if "error" in answer:
-            raise answer["error"]
-        return pair
-
-    def _call_into(self, answer: dict, path: str, payload: dict) -> None:
-        try:
-            answer.update(self._call("POST", path, payload))
-        except RemoteEngineError as e:
-            answer["error"] = e
-
-    def _broadcast_push(self, named_params) -> int:
-        """Each chunk: its names, shapes and dtypes over HTTP, then (once the server said ok) the tensors by broadcast."""
-        self.pair = self.pair or self._open_pair()
-        prepare = lambda t: t.to(self.pair.device, self.weight_dtype).contiguous()  # noqa: E731
-        loaded = 0
-        for chunk in weight_chunks(named_params, self.chunk_bytes, prepare):
-            self.seq += 1
-            specs = [[n, list(t.shape), str(t.dtype).removeprefix("torch.")] for n, t in chunk]
-            answer: dict = {}
-            asked = threading.Thread(target=self._call_into, args=(answer, "/weights_stream",
-                                                                   {"seq": self.seq, "tensors": specs}))
-            asked.start()
-            if weight_group.wait_for(self.pair, f"chunk/{self.seq}", asked.is_alive) == "ok":
-                for _, t in chunk:
-                    weight_group.broadcast(self.pair, t)
-            asked.join()
-            if "error" in answer:
-                raise answer["error"]
-            loaded += int(answer["loaded"])
-        return loaded
+            self.transfer.send(tapped())
+        finally:
+            self.client.call("POST", "/resume")
+        held = self.client.call("GET", "/weight_info")["weight_version"]
+        if held != version:
+            raise EngineSyncError(f"after a push the rollout server holds weight version {held!r}, not {version!r}")
+        self.version = version
+        return sent
 
     def checksums(self, names: list[str]) -> dict[str, float]:
-        return {k: float(v) for k, v in self._call("POST", "/checksums", {"names": names}).items()}
+        """For each name whose pushed bytes every replica and tensor-parallel rank holds exactly (sha256 digests
+        from /weight_checker), the checksum of the tensor pushed; names that differ or are missing are left out,
+        which engine_sync reports as a failed check."""
+        digests = self.client.call("POST", "/weight_checker", {"action": "checksum"})["checksums"]
+        held: dict[str, dict[str, set[str]]] = {}  # name -> data-parallel replica -> digests
+        for key, value in digests.items():
+            dp, _, _, _, name = key.split(":", 4)  # dp{i}:pp{j}:pcp{k}:tp{l}:name (gpu_worker.py)
+            held.setdefault(name, {}).setdefault(dp, set()).add(value)
+        replicas = {dp for per in held.values() for dp in per}
+        return {n: self.pushed[n][1] for n in names if n in self.pushed and n in held
+                and set(held[n]) == replicas and all(d == {self.pushed[n][0]} for d in held[n].values())}
 
     def probe(self, token_ids: list[int]) -> list[float]:
-        return [float(x) for x in self._call("POST", "/probe", {"token_ids": list(token_ids)})["logprobs"]]
+        """The server's log-probs of tokens 1..n-1 of a fixed sequence (prompt log-probs: temperature 1)."""
+        out = self._post_generate(generate_request(token_ids, n=1, max_tokens=1, temperature=1.0, prompt_logprobs=0,
+                                                   detokenize=False))
+        entries = out.get("prompt_logprobs")
+        if not entries or len(entries) != len(token_ids):
+            raise RemoteEngineError("the rollout server returned no prompt log-probs for the probe")
+        return [float(entries[t][str(int(token_ids[t]))]["logprob"]) for t in range(1, len(token_ids))]
+
+    def close(self) -> None:
+        """Tear down the weight-transfer group."""
+        if self.transfer is not None:
+            self.transfer.close()
+            self.transfer = None
+
+
+def _completion(choice: dict) -> SimpleNamespace:
+    """A GenerateTokensChoice as the fields of vLLM's CompletionOutput that generation_from_vllm reads."""
+    content = (choice.get("logprobs") or {}).get("content")
+    steps = None if content is None else [{int(c["token_id"]): float(c["logprob"])} for c in content]
+    return SimpleNamespace(token_ids=choice["token_ids"], logprobs=steps, finish_reason=choice.get("finish_reason"))

@@ -4,11 +4,20 @@ transformers engine, plus weight push after each optimiser step and a probe that
 vLLM is imported lazily, so this module imports everywhere; only `VLLMEngine(...)` needs vLLM.
 Weight sync: the engine runs colocated (in the trainer's process, `VLLM_ENABLE_V1_MULTIPROCESSING=0`)
 and `push_weights` hands the trainer's named parameters, in chunks, to vLLM's own `load_weights` on
-every worker through `collective_rpc`. With several training processes (`distributed=True`) every
+every worker through `collective_rpc` (the model reached through the worker's `get_model()`). With several training processes (`distributed=True`) every
 process holds one engine worker (vLLM's `external_launcher`): each group of `tensor_parallel_size`
 consecutive ranks forms one engine, samples the same prompts with the same seeds, and every rank
-pushes the whole tensors, which vLLM's loaders cut into that rank's tensor-parallel slice. `probe` then scores a fixed token sequence with vLLM (`prompt_logprobs`)
-so the caller can compare with the trainer's log-probs: a silent failure to sync shows up as a gap.
+pushes the whole tensors, which vLLM's loaders cut into that rank's tensor-parallel slice. `probe` then
+scores a fixed token sequence with vLLM (`prompt_logprobs`) so the caller can compare with the
+trainer's log-probs: a silent failure to sync shows up as a gap.
+
+Log-probs are vLLM's `processed_logprobs` (after temperature and top-p: the distribution the tokens were
+drawn from; its default `raw_logprobs` is before them). Seeds: the engine is seeded once (per
+tensor-parallel group); requests carry no seed, which keeps vLLM's batched sampler. `exact_resume`
+seeds every request from the trainer's RNG and sets `VLLM_BATCH_INVARIANT=1`, so a resumed run samples
+the uninterrupted run's tokens (slower: vLLM's per-request sampling path). Sleep mode: level 2 after
+sampling (weights and KV cache released, nothing copied to the CPU); a push wakes the weights alone
+and overwrites them, the KV cache wakes just before the next sampling (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -74,17 +83,21 @@ def probe_gap(engine_logps: Sequence[float], trainer_logps: Sequence[float]) -> 
 
 
 class WeightSyncExtension:
-    """Mixed into vLLM's GPU worker (`worker_extension_cls`): loads pushed weights in place."""
+    """Mixed into vLLM's GPU worker (`worker_extension_cls`): loads pushed weights in place through the
+    worker's `get_model()` (the model as the worker runs it, unwrapped from any CUDA-graph wrapper)."""
 
     def exgrpo_load_weights(self, named: list[tuple[str, Any]]) -> int:
-        model = self.model_runner.model  # type: ignore[attr-defined]
+        model = self.get_model()  # type: ignore[attr-defined]
         device = next(model.parameters()).device
         model.load_weights(weights=[(n, t.to(device, non_blocking=True)) for n, t in named])
         return len(named)
 
     def exgrpo_checksums(self, names: list[str]) -> dict[str, float]:
-        params = dict(self.model_runner.model.named_parameters())  # type: ignore[attr-defined]
+        params = dict(self.get_model().named_parameters())  # type: ignore[attr-defined]
         return {n: float(params[n].double().sum()) for n in names if n in params}
+
+
+SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's sleep releases and `wake_up(tags)` brings back
 
 
 def has_cuda() -> bool:
@@ -99,7 +112,8 @@ class VLLMEngine:
     def __init__(self, model_path: str, tokenizer, *, top_p: float = 1.0, gpu_memory_utilization: float = 0.4,
                  tensor_parallel_size: int = 1, dtype: str = "bfloat16", max_model_len: int | None = None,
                  seed: int = 0, enforce_eager: bool = False, distributed: bool = False,
-                 chunk_bytes: int = 1 << 30, sleep: bool = False):
+                 chunk_bytes: int = 1 << 30, sleep: bool = False, exact_resume: bool = False,
+                 hf_overrides: dict | None = None):
         try:
             import vllm  # noqa: F401
         except ImportError as e:
@@ -107,19 +121,26 @@ class VLLMEngine:
         if not has_cuda():
             raise VLLMUnavailable("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=transformers on CPU")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # colocated: same process, same GPU
+        if exact_resume:  # read when the engine starts (vllm/envs.py); it also makes training's kernels invariant
+            os.environ["VLLM_BATCH_INVARIANT"] = "1"
         from vllm import LLM
 
         self.tokenizer = tokenizer
         self.top_p = top_p
         self.chunk_bytes = chunk_bytes
-        self.sleeps, self.asleep = sleep, False  # sleep after each generate; wake on the next call
+        self.sleeps, self.exact_resume = sleep, exact_resume
+        self.asleep: set[str] = set()  # the SLEEP_TAGS now released
+        self.weights_stale = False  # after a level-2 sleep, until the next push overwrites them
         self.group_size = tensor_parallel_size if distributed else 1  # training processes sharing this engine
         extra = {"distributed_executor_backend": "external_launcher"} if distributed else {}
         if sleep:
             extra["enable_sleep_mode"] = True
+        if hf_overrides:
+            extra["hf_overrides"] = dict(hf_overrides)
         self.llm = LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
                        gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
                        max_model_len=max_model_len, enforce_eager=enforce_eager, enable_prefix_caching=True,
+                       logprobs_mode="processed_logprobs",
                        worker_extension_cls=f"{__name__}.WeightSyncExtension", **extra)
         from exgrpo_core.rollout.engine import eos_token_ids
 
@@ -134,40 +155,49 @@ class VLLMEngine:
 
         import torch
 
-        # one request per prompt, all in one batch; each seeded from torch's RNG (checkpointed, and the
-        # same on every rank of a tensor-parallel group), so a resumed run samples what an uninterrupted one would
-        seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()
+        # one request per prompt, all in one batch; exact_resume: each seeded from torch's RNG (checkpointed,
+        # the same on every rank of a tensor-parallel group), so a resumed run samples what an uninterrupted one would
+        seeds = (torch.randint(0, 2**31 - 1, (len(prompts),)).tolist() if self.exact_resume
+                 else [None] * len(prompts))
         params = [SamplingParams(n=c, temperature=temperature, top_p=self.top_p, max_tokens=max_new_tokens,
                                  logprobs=0, stop_token_ids=list(self.eos_ids), skip_special_tokens=True, seed=s)
                   for c, s in zip(sample_counts(prompts, n), seeds)]
         self.wake()
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        if self.sleeps:  # scoring and training come next: give them the KV cache and the weights' memory
-            self.llm.sleep(level=1)
-            self.asleep = True
+        if self.sleeps:  # scoring and training come next: release the KV cache and the weights, copy nothing
+            self.llm.sleep(level=2)
+            self.asleep, self.weights_stale = set(SLEEP_TAGS), True
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         return [[generation_from_vllm(c, eos_ids=self.eos_ids, max_new_tokens=max_new_tokens, decode=decode)
                  for c in o.outputs] for o in outs]
 
-    def wake(self) -> None:
-        """Back from sleep (weights copied back to the GPU, KV cache reallocated); a no-op when awake."""
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+    def wake(self, tags: Sequence[str] = SLEEP_TAGS) -> None:
+        """Wake the released `tags` among `tags` (a no-op when awake); the weights only by a push, once a
+        level-2 sleep has discarded them."""
+        if "weights" in tags and self.weights_stale:
+            raise RuntimeError("vLLM's weights were released by sleep mode and not pushed again: push first")
+        todo = [t for t in SLEEP_TAGS if t in tags and t in self.asleep]
+        if todo:
+            self.llm.wake_up(tags=todo)
+            self.asleep -= set(todo)
 
     def push_weights(self, named_params: Iterable[tuple[str, Any]]) -> int:
         """Load the trainer's current weights into every vLLM worker, in chunks of at most `chunk_bytes`
-        (a stream of gathered FSDP2 tensors never sits whole in memory); returns tensors pushed."""
-        self.wake()
+        (a stream of gathered FSDP2 tensors never sits whole in memory); returns tensors pushed. Wakes
+        the weights' memory alone: the KV cache stays released until the next sampling."""
+        if "weights" in self.asleep:
+            self.llm.wake_up(tags=["weights"])
+            self.asleep.discard("weights")
         pushed = 0
         for chunk in weight_chunks(named_params, self.chunk_bytes):
             pushed += int(self.llm.collective_rpc("exgrpo_load_weights", args=(chunk,))[0])
+        self.weights_stale = False
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         return pushed
 
     def checksums(self, names: list[str]) -> dict[str, float]:
         """float64 sums of named (unfused, replicated) vLLM parameters, from the first worker."""
-        self.wake()
+        self.wake(("weights",))
         return self.llm.collective_rpc("exgrpo_checksums", args=(names,))[0]
 
     def probe(self, token_ids: Sequence[int]) -> list[float]:

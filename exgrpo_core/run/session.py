@@ -10,6 +10,7 @@ engine); rank 0 also opens the store and runs the flow, the others call `run_fol
 from __future__ import annotations
 
 import json
+import os
 import random
 import uuid
 import warnings
@@ -225,25 +226,54 @@ def make_accelerator(cfg: ExGRPOConfig):
 SUPPORTED_DISTRIBUTED = ("NO", "MULTI_CPU", "MULTI_GPU")
 
 
+def check_context(cfg: ExGRPOConfig) -> None:
+    """Prompt + response tokens (sampling and evaluation) must fit the policy's positions, after
+    `model.hf_overrides`: vLLM refuses a longer `max_model_len`, and the trainer would run RoPE past the
+    lengths the model knows. One line, read from the model's config alone (before any weights load)."""
+    try:
+        config = models.policy_config(cfg.model.name_or_path, tiny=cfg.model.tiny.model_dump(),
+                                      hf_overrides=cfg.model.hf_overrides)
+    except models.ModelLoadError as e:
+        raise ConfigError(str(e)) from None
+    limit = getattr(config, "max_position_embeddings", None)
+    response = max(cfg.rollout.max_response_tokens, cfg.eval.max_response_tokens or 0)
+    need = cfg.rollout.max_prompt_tokens + response
+    if limit is not None and need > limit:
+        raise ConfigError(
+            f"rollout.max_prompt_tokens + the longest response ({cfg.rollout.max_prompt_tokens} + {response} = "
+            f"{need} tokens) exceed {cfg.model.name_or_path}'s max_position_embeddings ({limit}): use a "
+            "longer-context model (the paper's: Elliott/Qwen2.5-Math-7B-16k-think), shorter limits, or "
+            "model.hf_overrides")
+
+
 def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path) -> tuple[Worker, object]:
     """Model (from the checkpoint when resuming), optimiser, reference model and rollout engine."""
     world, tp = D.topology().world, cfg.rollout.vllm_tensor_parallel_size
     if cfg.rollout.engine == "vllm" and world > 1 and world % tp:
         raise ConfigError(f"rollout.vllm_tensor_parallel_size={tp} must divide the {world} training processes: "
                          "each group of that many processes shares one colocated vLLM engine")
+    check_context(cfg)
+    if cfg.rollout.engine == "remote":  # before the model loads: vLLM's trainer side, the server's routes
+        from exgrpo_core.rollout import remote
+
+        remote.require_vllm()
+        remote.check_server(remote.ServerClient(cfg.rollout.server_url, api_key=_server_api_key(cfg),
+                                                timeout_s=cfg.rollout.server_timeout_s))
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     source = str(ckpt) if ckpt else cfg.model.name_or_path
     model, tokenizer = models.load_policy(source, dtype=master_dtype(cfg, accelerator),
                                           tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed,
-                                          warm_start=cfg.model.warm_start.model_dump())
+                                          warm_start=cfg.model.warm_start.model_dump(),
+                                          hf_overrides=cfg.model.hf_overrides)
     if cfg.model.gradient_checkpointing:  # transformers 5 renamed it (the old name warns)
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     ref_model = None
     if cfg.loss.kl_coef > 0:
         ref_model, _ = models.load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype,
                                           tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed,
-                                          warm_start=cfg.model.warm_start.model_dump())
+                                          warm_start=cfg.model.warm_start.model_dump(),
+                                          hf_overrides=cfg.model.hf_overrides)
         ref_model.eval().requires_grad_(False)
     if cfg.rollout.engine == "vllm":  # vLLM loads the starting weights from a folder: write it before sharding
         source = _vllm_base(model, tokenizer, source, run_dir)
@@ -293,20 +323,34 @@ def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str):
         engine.matmul = cfg.rollout.decode_matmul
         return engine
     if cfg.rollout.engine == "remote":  # the server may hold other weights (another run, a checkpoint): push
-        from exgrpo_core.rollout.remote import RemoteEngine
+        from functools import partial
 
-        engine = RemoteEngine(cfg.rollout.server_url, tokenizer, top_p=cfg.rollout.top_p,
-                              timeout_s=cfg.rollout.server_timeout_s, transport=cfg.rollout.server_weight_transport,
-                              group_host=cfg.rollout.server_group_host)
-        return engine  # open_worker pushes the trainer's weights (gathered first with FSDP2)
+        from exgrpo_core.rollout.engine import eos_token_ids
+        from exgrpo_core.rollout.remote import RemoteEngine, nccl_transfer
+
+        transfer = partial(nccl_transfer, host=cfg.rollout.server_group_host, port=cfg.rollout.server_group_port)
+        return RemoteEngine(  # open_worker pushes the trainer's weights (gathered first with FSDP2)
+            cfg.rollout.server_url, tokenizer, params=[(n, tuple(p.shape)) for n, p in model.named_parameters()],
+            eos_ids=eos_token_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer),
+            weight_dtype=getattr(torch, cfg.model.dtype), top_p=cfg.rollout.top_p,
+            timeout_s=cfg.rollout.server_timeout_s, api_key=_server_api_key(cfg), open_transfer=transfer)
     from exgrpo_core.rollout.vllm_engine import VLLMEngine
 
     topo, tp = D.topology(), cfg.rollout.vllm_tensor_parallel_size
     return VLLMEngine(source, tokenizer, top_p=cfg.rollout.top_p, dtype=cfg.model.dtype,
                       seed=cfg.run.seed + topo.rank // tp, distributed=topo.world > 1,
                       gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization, tensor_parallel_size=tp,
-                      max_model_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens,
-                      enforce_eager=cfg.rollout.vllm_enforce_eager, sleep=cfg.rollout.vllm_sleep)
+                      max_model_len=cfg.rollout.max_prompt_tokens + max(cfg.rollout.max_response_tokens,
+                                                                       cfg.eval.max_response_tokens or 0),
+                      enforce_eager=cfg.rollout.vllm_enforce_eager, sleep=cfg.rollout.vllm_sleep,
+                      exact_resume=cfg.rollout.vllm_exact_resume, hf_overrides=cfg.model.hf_overrides)
+
+
+def _server_api_key(cfg: ExGRPOConfig) -> str | None:
+    """rollout.server_api_key, else the EXGRPO_ROLLOUT_API_KEY environment variable."""
+    from exgrpo_core.rollout.remote import API_KEY_ENV
+
+    return cfg.rollout.server_api_key or os.environ.get(API_KEY_ENV) or None
 
 
 def _vllm_base(model, tokenizer, source: str, run_dir: Path) -> str:

@@ -61,16 +61,41 @@ def shard(items: Sequence[T], rank: int, world: int) -> list[T]:
     return list(items[start:start + base + (1 if rank < extra else 0)])
 
 
-def all_reduce_grads(params) -> None:
-    """Sum gradients over processes (a missing gradient counts as zeros)."""
-    if topology().world == 1:
-        return
+def grad_buckets(params, bucket_bytes: int = 25 << 20) -> list[list[torch.Tensor]]:
+    """The trainable parameters in order, cut into buckets of one dtype and device and at most
+    `bucket_bytes` (one parameter larger than that is a bucket of its own), as DDP buckets them."""
+    buckets: list[list[torch.Tensor]] = []
+    size = 0
     for p in params:
         if not p.requires_grad:
             continue
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+        nbytes = p.numel() * p.element_size()
+        last = buckets[-1] if buckets else None
+        if last is None or size + nbytes > bucket_bytes or (last[0].dtype, last[0].device) != (p.dtype, p.device):
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += nbytes
+    return buckets
+
+
+def all_reduce_grads(params, bucket_bytes: int = 25 << 20) -> int:
+    """Sum gradients over processes (a missing gradient counts as zeros), one all-reduce per bucket of
+    `grad_buckets`; returns the number of collectives."""
+    if topology().world == 1:
+        return 0
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    buckets = grad_buckets(params, bucket_bytes)
+    for bucket in buckets:
+        for p in bucket:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = _flatten_dense_tensors([p.grad for p in bucket])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        for p, summed in zip(bucket, _unflatten_dense_tensors(flat, [p.grad for p in bucket])):
+            p.grad.copy_(summed)
+    return len(buckets)
 
 
 def all_reduce_sums(values: dict[str, float], keys: Sequence[str]) -> dict[str, float]:

@@ -51,6 +51,23 @@ def shard_model(model: nn.Module, device: torch.device, bf16: bool, cpu_offload:
     return model
 
 
+def unsharded_grad_bytes(model: nn.Module) -> int:
+    """Bytes of whole (unsharded) gradients FSDP2 holds between backward passes: kept when gradient sync
+    is off for a micro-batch (the unsharded parameter's `.grad`, or `unsharded_accumulated_grad` upcast to
+    the reduce dtype); 0 when every backward reduce-scatters into the shards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    total = 0
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            for group in module._get_fsdp_state()._fsdp_param_groups:
+                for fp in group.fsdp_params:
+                    whole = getattr(fp, "_unsharded_param", None)
+                    for grad in (getattr(fp, "unsharded_accumulated_grad", None), getattr(whole, "grad", None)):
+                        total += grad.numel() * grad.element_size() if grad is not None else 0
+    return total
+
+
 def compute_device(model: nn.Module) -> torch.device:
     """Where the model's inputs go: its parameters' device, or the device FSDP2 copies offloaded shards to."""
     device = getattr(model, "exgrpo_compute_device", None)

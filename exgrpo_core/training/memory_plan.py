@@ -1,4 +1,4 @@
-"""Per-GPU memory plan of a run: weights, gradients, optimiser state, activations, logits, vLLM KV cache.
+"""Per-GPU memory plan of a run, phase by phase: weights, gradients, optimiser state, activations, logits, vLLM.
 
 Closed-form estimates from the model shape and the config, to size a cluster before renting it
 (docs/scaling.md prints the plan of `configs/paper.yaml`). FSDP full sharding over `world` GPUs with
@@ -57,12 +57,18 @@ QWEN25_MATH_7B = ModelShape(layers=28, hidden=3584, intermediate=18944, heads=28
 
 @dataclass(frozen=True)
 class Plan:
-    rows: dict[str, float]  # name -> GiB per GPU
+    phases: dict[str, dict[str, float]]  # phase -> name -> GiB per GPU
     notes: dict[str, str]
 
     @property
+    def rows(self) -> dict[str, float]:
+        """The optimiser step's rows (the phase that holds gradients and activations)."""
+        return self.phases["optimiser step"]
+
+    @property
     def total(self) -> float:
-        return sum(self.rows.values())
+        """The peak over the phases."""
+        return max(sum(rows.values()) for rows in self.phases.values())
 
 
 def kv_bytes_per_token(m: ModelShape, tp: int, dtype_bytes: int = 2) -> float:
@@ -72,34 +78,49 @@ def kv_bytes_per_token(m: ModelShape, tp: int, dtype_bytes: int = 2) -> float:
 
 def memory_plan(m: ModelShape, *, world: int, micro_batch_tokens: int, logits_chunk: int = 4096,
                 vllm_tp: int = 2, vllm_gpu_share: float = 0.35, gpu_gib: float = 80.0,
-                prefetch_layers: int = 2) -> Plan:
-    """Per-GPU GiB during the train phase plus the colocated vLLM engine (weights + KV cache)."""
+                prefetch_layers: int = 2, vllm_sleep: bool = False,
+                unsharded_grad_accumulation: bool = False) -> Plan:
+    """Per-GPU GiB in each phase of a step: sampling (the colocated vLLM engine awake), scoring (the
+    trainer's no-grad forward) and the optimiser step. The trainer's sharded weights and AdamW moments
+    stay all along; gradients exist only in the optimiser step (freed after it); the engine's weights
+    and KV cache are released during scoring and training with `vllm_sleep` (level 2).
+    `unsharded_grad_accumulation`: FSDP2 with gradient sync off between micro-batches keeps every
+    parameter's whole float32 gradient on every GPU until the last micro-batch."""
     p = m.params
     layer_params = (p - m.vocab * m.hidden * (1 if m.tied_embeddings else 2)) / m.layers
-    rows = {
-        "weights fp32 (sharded)": 4 * p / world / GiB,
-        "gradients fp32 (sharded)": 4 * p / world / GiB,
-        "AdamW moments fp32 (sharded)": 8 * p / world / GiB,
-        "gathered bf16 layers (FSDP prefetch)": 2 * (prefetch_layers * layer_params + m.vocab * m.hidden) / GiB,
-        "checkpointed hidden states bf16": 2 * micro_batch_tokens * m.hidden * m.layers / GiB,
-        "one layer recomputed (MLP dominates)": 2 * micro_batch_tokens * (3 * m.intermediate + 4 * m.hidden) / GiB,
-        "model logits bf16 + their grad": 2 * 2 * micro_batch_tokens * m.vocab / GiB,
-        "log-prob/entropy chunk fp32 (+grad)": 2 * 4 * min(logits_chunk, micro_batch_tokens) * m.vocab / GiB,
-    }
-    vllm_total = vllm_gpu_share * gpu_gib
+    state = {"weights fp32 (sharded)": 4 * p / world / GiB, "AdamW moments fp32 (sharded)": 8 * p / world / GiB}
+    gathered = {"gathered bf16 layers (FSDP prefetch)": 2 * (prefetch_layers * layer_params + m.vocab * m.hidden) / GiB}
     vllm_weights = 2 * p / vllm_tp / GiB
-    rows["vLLM weights bf16 (TP shard)"] = vllm_weights
-    rows["vLLM KV cache"] = max(vllm_total - vllm_weights, 0.0)
-    kv_tokens = rows["vLLM KV cache"] * GiB / kv_bytes_per_token(m, vllm_tp)
+    engine = {"vLLM weights bf16 (TP shard)": vllm_weights,
+              "vLLM KV cache": max(vllm_gpu_share * gpu_gib - vllm_weights, 0.0)}
+    asleep = {} if vllm_sleep else engine
+    scoring = {**state, **gathered,
+               "one layer's activations bf16": 2 * micro_batch_tokens * (3 * m.intermediate + 4 * m.hidden) / GiB,
+               "model logits bf16": 2 * micro_batch_tokens * m.vocab / GiB,
+               "log-prob/entropy chunk fp32": 4 * min(logits_chunk, micro_batch_tokens) * m.vocab / GiB, **asleep}
+    train = {**state, "gradients fp32 (sharded)": 4 * p / world / GiB}
+    if unsharded_grad_accumulation:
+        train["gradients fp32 (whole, accumulated unsharded)"] = 4 * p / GiB
+    train.update({**gathered,
+                  "checkpointed hidden states bf16": 2 * micro_batch_tokens * m.hidden * m.layers / GiB,
+                  "one layer recomputed (MLP dominates)": 2 * micro_batch_tokens * (3 * m.intermediate + 4 * m.hidden) / GiB,
+                  "model logits bf16 + their grad": 2 * 2 * micro_batch_tokens * m.vocab / GiB,
+                  "log-prob/entropy chunk fp32 (+grad)": 2 * 4 * min(logits_chunk, micro_batch_tokens) * m.vocab / GiB,
+                  **asleep})
+    phases = {"sampling": {**state, **engine}, "scoring": scoring, "optimiser step": train}
+    kv_tokens = engine["vLLM KV cache"] * GiB / kv_bytes_per_token(m, vllm_tp)
+    peak = max(sum(r.values()) for r in phases.values())
     notes = {"params": f"{p / 1e9:.2f} B", "kv_tokens_per_engine": f"{kv_tokens:,.0f}",
              "kv_bytes_per_token_per_gpu": f"{kv_bytes_per_token(m, vllm_tp):,.0f}",
-             "headroom_gib": f"{gpu_gib - sum(rows.values()):.1f}"}
-    return Plan(rows, notes)
+             "headroom_gib": f"{gpu_gib - peak:.1f}"}
+    return Plan(phases, notes)
 
 
 def render(plan: Plan) -> str:
-    """Markdown table of a plan."""
-    lines = ["| per GPU | GiB |", "|---|---:|"]
-    lines += [f"| {k} | {v:.1f} |" for k, v in plan.rows.items()]
-    lines.append(f"| **total** | **{plan.total:.1f}** |")
+    """Markdown table of a plan: one column per phase, a dash where a row is not held."""
+    names = list(dict.fromkeys(k for rows in plan.phases.values() for k in rows))
+    lines = ["| per GPU, GiB | " + " | ".join(plan.phases) + " |", "|---|" + "---:|" * len(plan.phases)]
+    lines += [f"| {n} | " + " | ".join(f"{rows[n]:.1f}" if n in rows else "-" for rows in plan.phases.values())
+              + " |" for n in names]
+    lines.append("| **total** | " + " | ".join(f"**{sum(r.values()):.1f}**" for r in plan.phases.values()) + " |")
     return "\n".join(lines)

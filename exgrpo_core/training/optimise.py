@@ -35,7 +35,8 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
              aggregation: str, max_response_len: int, entropy_coef: float, kl_coef: float,
              ref_model, max_grad_norm: float, skip_grad_norm: float | None,
              temperature: float = 1.0, micro_batch_tokens: int | None = None,
-             shard: tuple[int, int] = (0, 1), sharded: bool = False, share_prompts: bool = True) -> dict[str, float]:
+             shard: tuple[int, int] = (0, 1), sharded: bool = False, share_prompts: bool = True,
+             entropy_micro_tokens: int = 32768) -> dict[str, float]:
     """Run `n_minibatches` optimiser steps over the batch; return averaged detached stats."""
     rank, world = shard
     model.train()
@@ -54,6 +55,9 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
         part = select_rows(mini, share_rows(mini, rank, world)) if world > 1 else mini
         micros = _micro_plan(model, part, micro_batch_size, micro_batch_tokens, share_prompts and not sharded,
                              regroup=aggregation != "micro_sum_norm")
+        if aggregation == "micro_sum_norm":  # (code) entropy / KL means over the authors' micro-batches, not ours
+            mean_denom = losses.virtual_micro_denominator(int(part.response_mask.sum()),
+                                                          int(part.attention_mask.sum()), entropy_micro_tokens, world)
         if sharded:  # FSDP2: the same number of passes everywhere; padding passes train nothing
             micros += [(None, None)] * (int(D.all_reduce_max(float(len(micros)))) - len(micros))
         kv = None
@@ -64,14 +68,12 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
                     kv = kv.detached() if kv is not None else None
                 micro = select_rows(part, micro_rows) if micro_rows is not None else select_rows(mini, [0])
                 if aggregation == "micro_sum_norm":  # (code) each micro-batch its own, averaged over ranks
-                    denom, mean_denom = losses.micro_sum_norm_denominators(micro.response_mask, max_response_len,
-                                                                           world)
+                    denom, _ = losses.micro_sum_norm_denominators(micro.response_mask, max_response_len, world)
                 loss, stats = _micro_loss(model, micro, denom, onpolicy_term, replay_term,
                                           entropy_coef, kl_coef, ref_model, micro_batch_size, temperature,
                                           share_prompts, mean_denom, kv)
-                if sharded:  # reduce-scatter once, after the last pass; FSDP2 averages, we want the sum
-                    model.set_requires_gradient_sync(i == len(micros) - 1)
-                    loss = loss * world
+                if sharded:  # every pass reduce-scatters into the sharded gradient (no whole fp32 copy
+                    loss = loss * world  # held between passes); FSDP2 averages over processes, we want the sum
                 accelerator.backward(loss if micro_rows is not None else loss * 0.0)
                 if kv is not None and (i + 1 == len(micros) or micros[i + 1][1] is not None):
                     kv.backward()  # the group's prompt gradients, gathered over its micro-batches

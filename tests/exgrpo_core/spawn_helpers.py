@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from exgrpo_core.rollout.weight_group import free_port
+from exgrpo_core.rollout.remote import free_port
 
 _DONE_DIR = "EXGRPO_TEST_DONE_DIR"
 

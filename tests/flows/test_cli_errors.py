@@ -131,3 +131,10 @@ def test_preflight_accepts_the_default_database_in_a_new_run_folder(tmp_path):
     bad = load_config("tiny", [f"run.output_dir={tmp_path / 'b'}", f"run.db_url=sqlite:///{tmp_path}/no/such/x.db"])
     with pytest.raises(StoreError, match="folder does not exist"):
         _preflight(bad, tmp_path / "b" / bad.run.name)
+
+
+def test_a_context_longer_than_the_model_allows_is_named_before_prefect(tiny_overrides):
+    code, out = _train(tiny_overrides, "rollout.max_prompt_tokens=1024", "rollout.max_response_tokens=1100")
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert code == 2 and "1024 + 1100 = 2124" in out and "max_position_embeddings (2048)" in out
+    assert not any("Prefect" in x for x in lines) and len(lines) == 1  # one line, before Prefect starts

@@ -270,3 +270,18 @@ def test_bad_inputs_raise_named_errors():
         L.aggregate(logp, mask, 0.0)
     with pytest.raises(L.LossInputError, match="max_response_len"):
         L.seq_sum_norm_denominator(4, 0)
+
+
+def test_the_entropy_mean_is_taken_over_the_authors_micro_batches():
+    """verl's dynamic micro-batches of <= 32,768 tokens: 40,000 tokens make 2; their 3,000 response tokens
+    count 1 / 1,500 each (1 / 3,000 per rank-averaged mean with 2 ranks), whatever our memory micro-batches."""
+    assert L.virtual_micro_denominator(3000, 40000, 32768, 1) == 1500.0
+    assert L.virtual_micro_denominator(3000, 40000, 32768, 2) == 3000.0
+    assert L.virtual_micro_denominator(3000, 32768, 32768, 1) == 3000.0  # exactly one micro-batch
+    assert L.virtual_micro_denominator(0, 10, 32768, 1) == 1.0  # no response token: no division by zero
+    entropy = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    # 3 response tokens of 65,537 tokens -> k = 3 authors' micro-batches: 3 x the token mean 2.0
+    assert float(L.aggregate(entropy, mask, L.virtual_micro_denominator(3, 65537, 32768, 1))) == pytest.approx(6.0)
+    with pytest.raises(L.LossInputError):
+        L.virtual_micro_denominator(3, 10, 0, 1)

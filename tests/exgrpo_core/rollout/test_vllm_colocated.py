@@ -2,10 +2,12 @@
 `vllm` package (fake_vllm.py: our VLLMEngine, WeightSyncExtension and the team's plumbing are real;
 the sampling maths is a Hugging Face model). The real engine is tested in test_rollout_vllm.py (gpu).
 
-- the engine arguments (external launcher and one seed per tensor-parallel group with several processes);
-- the rollout server with the vLLM backend (seeded draws, pushes by HTTP and gloo, refusals);
-- samples seeded from torch's RNG (a resumed run samples what an uninterrupted one does), pushes
-  streamed in chunks, a stale engine caught;
+- the engine arguments (external launcher and one seed per tensor-parallel group with several processes,
+  processed log-probs, no per-request seed unless exact resume is asked for);
+- log-probs of the distribution the tokens were drawn from (after temperature);
+- sleep level 2: the push wakes only the weights, the KV cache wakes for sampling, stale weights refused;
+- exact resume: samples seeded from torch's RNG (a resumed run samples what an uninterrupted one does),
+  pushes streamed in chunks, a stale engine caught;
 - training steps through the loop: the engine holds the trainer's weights after every step, and
   with sleep mode it sleeps while the trainer trains;
 - two gloo processes (replicated and FSDP2; tensor-parallel groups of 1 and 2): a group's ranks sample
@@ -47,7 +49,8 @@ def folder(tmp_path):
     return str(tmp_path / "m"), model, tok
 
 
-def test_engine_arguments_for_one_and_several_processes(vllm_stand_in, folder):
+def test_engine_arguments_for_one_and_several_processes(vllm_stand_in, folder, monkeypatch):
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
     path, _, tok = folder
     one = VLLMEngine(path, tok, tensor_parallel_size=2, seed=7)
     several = VLLMEngine(path, tok, tensor_parallel_size=2, seed=8, distributed=True)
@@ -55,11 +58,52 @@ def test_engine_arguments_for_one_and_several_processes(vllm_stand_in, folder):
     assert several.llm.kwargs["distributed_executor_backend"] == "external_launcher"
     assert several.group_size == 2 and several.llm.kwargs["seed"] == 8
     assert several.llm.kwargs["tensor_parallel_size"] == 2
+    assert one.llm.kwargs["logprobs_mode"] == "processed_logprobs"  # vLLM's default is before temperature
+    one.generate([[1, 5, 6], [1, 7]], 2, temperature=1.0, max_new_tokens=3)
+    assert [p.seed for p in one.llm.params] == [None, None]  # the engine's seed: vLLM's batched sampler
+    assert "VLLM_BATCH_INVARIANT" not in __import__("os").environ
 
 
-def test_samples_follow_torchs_rng(vllm_stand_in, folder):
+def test_the_engine_seed_makes_draws_repeatable(vllm_stand_in, folder):
     path, _, tok = folder
-    eng = VLLMEngine(path, tok)
+    draws = [[[g.response_ids for g in grp] for grp in VLLMEngine(path, tok, seed=s).generate(
+        [[1, 5, 6], [1, 7]], 2, temperature=1.0, max_new_tokens=6)] for s in (3, 3, 4)]
+    assert draws[0] == draws[1] != draws[2]
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_logprobs_are_those_of_the_sampling_distribution(vllm_stand_in, folder, temperature):
+    path, model, tok = folder
+    eng = VLLMEngine(path, tok, seed=1)
+    [[gen]] = eng.generate([[1, 5, 6]], 1, temperature=temperature, max_new_tokens=5)
+    ids = [1, 5, 6] + gen.response_ids
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, 2:-1].float()
+    want = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(gen.response_ids)[:, None])[:, 0]
+    assert gen.logprobs == pytest.approx(want.tolist(), abs=1e-5)  # what the trainer's ratio divides by
+
+
+def test_sleep_releases_everything_and_wakes_by_tag(vllm_stand_in, folder):
+    path, model, tok = folder
+    eng = VLLMEngine(path, tok, sleep=True)
+    assert eng.llm.kwargs["enable_sleep_mode"] is True
+    eng.generate([[1, 5, 6]], 2, temperature=1.0, max_new_tokens=3)
+    assert eng.llm.calls == ["sleep(2)"] and eng.llm.asleep == {"weights", "kv_cache"}
+    with pytest.raises(RuntimeError, match="push first"):  # level 2 discarded the weights: never sample from them
+        eng.generate([[1, 5, 6]], 1, temperature=1.0, max_new_tokens=3)
+    stats = engine_sync.push_and_check(eng, model, [1, 5, 6, 7], torch.float32)
+    assert stats["engine/sync_logprob_gap"] < 1e-6
+    assert eng.llm.calls[1:] == ["wake_up(weights)", "exgrpo_load_weights", "reset_prefix_cache",
+                                 "exgrpo_checksums", "wake_up(kv_cache)"]  # the KV cache only for the probe
+    eng.generate([[1, 5, 6]], 2, temperature=1.0, max_new_tokens=3)
+    assert eng.llm.calls[-1] == "sleep(2)"
+
+
+def test_exact_resume_seeds_requests_from_torchs_rng(vllm_stand_in, folder, monkeypatch):
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    path, _, tok = folder
+    eng = VLLMEngine(path, tok, exact_resume=True)
+    assert __import__("os").environ["VLLM_BATCH_INVARIANT"] == "1"
     prompts = [[1, 5, 6], [1, 7]]
 
     def sample(seed):
@@ -104,24 +148,26 @@ def test_training_steps_push_to_the_engine_after_each(vllm_stand_in, tmp_path, s
     s = open_session(_cfg(tmp_path, f"rollout.vllm_sleep={sleep}"))
     asleep_in_training = []
     optimise = s.team.worker.optimise
-    s.team.worker.optimise = lambda args: asleep_in_training.append(s.engine.llm.asleep) or optimise(args)
+    s.team.worker.optimise = lambda args: asleep_in_training.append(bool(s.engine.llm.asleep)) or optimise(args)
     try:
         assert isinstance(s.engine, VLLMEngine) and (tmp_path / "tiny" / "vllm_base" / "config.json").exists()
         for _ in range(2):
             stats = loop.run_iteration(s)
             assert stats["engine/sync_logprob_gap"] < 1e-5 and stats["rollout/responses"] > 0
         assert asleep_in_training == [sleep, sleep]  # sleep mode: the engine's memory is free while training
-        assert not s.engine.llm.asleep  # woken for the weight push
+        assert not s.engine.llm.asleep  # the weights woken for the push, the KV cache for the probe
         for (n, a), (_, b) in zip(s.model.named_parameters(), s.engine.llm.model.named_parameters()):
             assert torch.equal(a.detach().cpu(), b.cpu()), n  # the stand-in keeps CPU weights
     finally:
         s.close()
 
 
-def test_a_resumed_run_samples_what_an_uninterrupted_one_does(vllm_stand_in, tmp_path):
+def test_with_exact_resume_a_resumed_run_samples_what_an_uninterrupted_one_does(vllm_stand_in, tmp_path,
+                                                                                monkeypatch):
     from exgrpo_core.run.session import open_session
 
-    cfg = _cfg(tmp_path, "run.resume=auto")
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    cfg = _cfg(tmp_path, "run.resume=auto", "rollout.vllm_exact_resume=true")
     s = open_session(cfg)
     try:
         for _ in range(2):
@@ -201,29 +247,33 @@ def test_a_group_size_that_does_not_divide_the_processes_is_named(monkeypatch, t
         open_worker(_cfg(tmp_path, "rollout.vllm_tensor_parallel_size=2"), None, None, tmp_path)
 
 
-@pytest.mark.parametrize("transport", ["http", "gloo"])
-def test_rollout_server_with_the_vllm_backend(vllm_stand_in, folder, tmp_path, transport):
-    from exgrpo_core.rollout.remote import RemoteEngine
-    from exgrpo_core.rollout.server import RolloutServer, VLLMBackend, build_backend
+def test_the_trainer_and_the_engine_read_one_context(vllm_stand_in, tmp_path):
+    """model.hf_overrides reach the trainer's config and vLLM's (`hf_overrides`, applied by config.update as
+    vLLM does); max_model_len = prompt + the longest response fits both."""
+    from exgrpo_core.run.session import open_session
 
-    path, model, tok = folder
-    backend, tokenizer = build_backend(path, "vllm", dtype="float32", work_dir=str(tmp_path))
-    assert isinstance(backend, VLLMBackend)
-    server = RolloutServer(backend, tokenizer, model_name="m", port=0).start()
+    rope = {"rope_type": "default", "rope_theta": 20000.0}
+    s = open_session(_cfg(tmp_path, "rollout.max_prompt_tokens=1024", "rollout.max_response_tokens=1100",
+                          f"model.hf_overrides={{max_position_embeddings: 4096, rope_parameters: {rope}}}"))
     try:
-        eng = RemoteEngine(server.url, tok, transport=transport, chunk_bytes=4096)
-        draws = []
-        for _ in range(2):
-            torch.manual_seed(11)  # the trainer's RNG: the request's seed, then vLLM's per-request seeds
-            draws.append([[g.response_ids for g in grp] for grp in eng.generate([[1, 5, 6], [1, 7]], 2,
-                                                                                 temperature=1.0, max_new_tokens=5)])
-        assert draws[0] == draws[1] and len(draws[0]) == 2
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.05 * torch.randn_like(p))
-        stats = engine_sync.push_and_check(eng, model, [1, 5, 6, 7], torch.float32)
-        assert stats["engine/sync_logprob_gap"] < 1e-6 and server.version > 1  # several chunks
-        with pytest.raises(Exception, match="unknown parameter name"):
-            eng.push_weights([("not.a.param", torch.zeros(2))])
+        trainer, engine = s.model.config, s.engine.llm.llm_engine.model_config.hf_config
+        assert trainer.max_position_embeddings == engine.max_position_embeddings == 4096
+        assert trainer.rope_parameters == engine.rope_parameters == rope
+        assert s.engine.llm.kwargs["max_model_len"] == 2124 <= engine.max_position_embeddings
+        assert s.engine.llm.kwargs["hf_overrides"]["max_position_embeddings"] == 4096
     finally:
-        server.stop()
+        s.close()
+
+
+@pytest.mark.parametrize("override,message", [
+    ("rollout.max_response_tokens=1100", r"1024 \+ 1100 = 2124 tokens\) exceed tiny's max_position_embeddings \(2048\)"),
+    ("model.hf_overrides={rope_theta: 20000.0}", "set model.hf_overrides.rope_parameters instead"),
+])
+def test_a_context_that_does_not_fit_is_one_line_before_the_model_loads(tmp_path, monkeypatch, override, message):
+    from exgrpo_core.config.load import ConfigError
+    from exgrpo_core.models import load as models
+    from exgrpo_core.run.session import open_session
+
+    monkeypatch.setattr(models, "load_policy", lambda *a, **k: pytest.fail("loaded the model first"))
+    with pytest.raises(ConfigError, match=message):
+        open_session(load_config("tiny", [f"run.output_dir={tmp_path}", "rollout.max_prompt_tokens=1024", override]))

@@ -59,3 +59,18 @@ def test_collectives_in_two_processes():
     assert g0 == g1 == [[1.0, 2.0]]
     assert s0["n"] == s1["n"] == 3.0 and s0["missing"] == 0.0 and s0["keep"] == 0.0 and s1["keep"] == 1.0
     assert m0 == m1 == 1.0
+
+
+def test_gradients_are_summed_in_a_few_buckets_not_one_collective_per_parameter():
+    from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
+
+    model = build_tiny_model(build_tiny_tokenizer(), hidden_size=64, num_layers=24, num_heads=4, intermediate_size=128)
+    params = list(model.parameters())
+    assert len(params) > 200  # a 24-layer model: one all-reduce per parameter was ~220 collectives a step
+    buckets = D.grad_buckets(params, bucket_bytes=1 << 20)
+    assert [p for b in buckets for p in b] == params  # every parameter once, in order
+    need = -(-sum(p.numel() * 4 for p in params) // (1 << 20))  # full 1 MiB buckets the bytes need
+    assert need <= len(buckets) <= need + 1 < 10 and all(sum(p.numel() * 4 for p in b) <= 1 << 20 for b in buckets)
+    assert len(D.grad_buckets(params)) == 1  # 25 MiB buckets: the whole tiny model in one collective
+    big = [torch.nn.Parameter(torch.zeros(300_000)), torch.nn.Parameter(torch.zeros(10))]
+    assert [len(b) for b in D.grad_buckets(big, bucket_bytes=1 << 20)] == [1, 1]  # larger than a bucket: alone

@@ -27,14 +27,15 @@ def _setup(seed=0):
     return model, batch
 
 
-def _step(model, batch, micro, skip=None, lr=0.1, aggregation="seq_sum_norm", entropy_coef=0.001):
+def _step(model, batch, micro, skip=None, lr=0.1, aggregation="seq_sum_norm", entropy_coef=0.001,
+          entropy_micro_tokens=32768):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     acc = Accelerator(cpu=True)
     return optimise(model, opt, acc, batch, n_minibatches=1, micro_batch_size=micro,
                     onpolicy_term=partial(losses.clipped_ratio_term, clip_eps=0.2),
                     replay_term=partial(losses.shaped_replay_term, beta=0.1), aggregation=aggregation,
                     max_response_len=8, entropy_coef=entropy_coef, kl_coef=0.0, ref_model=None,
-                    max_grad_norm=1e9, skip_grad_norm=skip)
+                    max_grad_norm=1e9, skip_grad_norm=skip, entropy_micro_tokens=entropy_micro_tokens)
 
 
 def test_micro_batch_accumulation_equals_one_full_batch():
@@ -89,12 +90,15 @@ def test_authors_aggregation_scales_the_policy_gradient_by_the_rows_and_sums_mic
     split = _step(copy.deepcopy(model), batch, micro=2, lr=0.0, aggregation="micro_sum_norm")
     for key in ("loss/onpolicy", "loss/offpolicy"):  # 6 rows in the mini-batch
         assert whole[key] == pytest.approx(6 * dr[key], rel=1e-5) and split[key] == pytest.approx(whole[key], rel=1e-5)
-    with torch.no_grad():  # the entropy term: a token mean per micro-batch, summed over micro-batches
+    with torch.no_grad():  # the entropy term: a token mean per authors' micro-batch, summed over them
         _, ent = policy.token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, micro_batch_size=6,
                                                    score_mask=batch.response_mask)
     m = batch.response_mask
-    assert whole["loss/entropy"] == pytest.approx(float(ent[m].mean()), rel=1e-4)
     assert dr["loss/entropy"] == pytest.approx(float(ent[m].sum()) / (6 * 8), rel=1e-4)
-    parts = micro_batch_rows(batch, 2)
-    assert len(parts) == 3
-    assert split["loss/entropy"] == pytest.approx(sum(float(ent[r][m[r]].mean()) for r in parts), rel=1e-4)
+    assert len(micro_batch_rows(batch, 2)) == 3  # three memory micro-batches: the entropy term does not triple
+    assert whole["loss/entropy"] == pytest.approx(float(ent[m].mean()), rel=1e-4)  # one 32k-token micro-batch
+    assert split["loss/entropy"] == pytest.approx(whole["loss/entropy"], rel=1e-4)
+    tokens = int(batch.attention_mask.sum())  # the authors' micro-batches of a third of the tokens: three means
+    three = [_step(copy.deepcopy(model), batch, micro=n, lr=0.0, aggregation="micro_sum_norm",
+                   entropy_micro_tokens=-(-tokens // 3))["loss/entropy"] for n in (6, 1)]
+    assert three == pytest.approx([3 * float(ent[m].mean())] * 2, rel=1e-4)
