@@ -36,9 +36,9 @@ def test_every_app_container_runs_the_scripts_serve_command_for_its_own_name():
 def test_ports_names_and_pool_match_the_script_defaults_and_prefect_yaml():
     defaults = _script_defaults()
     env = SERVICES["worker"]["environment"]
-    assert SERVICES["mlflow"]["ports"] == [f"{defaults['EXGRPO_MLFLOW_PORT']}:{env['EXGRPO_MLFLOW_PORT']}"]
-    assert SERVICES["prefect"]["ports"] == [f"{defaults['EXGRPO_PREFECT_PORT']}:{env['EXGRPO_PREFECT_PORT']}"]
-    assert SERVICES["postgres"]["ports"] == [f"{defaults['EXGRPO_PG_PORT']}:5432"]
+    assert SERVICES["mlflow"]["ports"] == [f"127.0.0.1:{defaults['EXGRPO_MLFLOW_PORT']}:{env['EXGRPO_MLFLOW_PORT']}"]
+    assert SERVICES["prefect"]["ports"] == [f"127.0.0.1:{defaults['EXGRPO_PREFECT_PORT']}:{env['EXGRPO_PREFECT_PORT']}"]
+    assert env["EXGRPO_PG_PORT"] == defaults["EXGRPO_PG_PORT"]
     for key in ("EXGRPO_DB_PREFIX", "EXGRPO_WORK_POOL", "EXGRPO_TRAIN_ROLE", "EXGRPO_DASHBOARD_ROLE",
                 "EXGRPO_SERVICES_ROLE"):
         assert env[key] == defaults[key], key
@@ -60,3 +60,13 @@ def test_scripts_parse_and_refuse_unknown_commands():
         subprocess.run(["bash", "-n", str(script)], check=True)
     out = subprocess.run(["bash", "infra/services.sh", "serve", "nothing"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2 and "usage" in out.stderr
+
+
+def test_nothing_is_published_beyond_this_machine_and_postgresql_not_at_all():
+    """No login guards MLflow or Prefect: a port on every interface lets anyone who reaches the host read and
+    wipe runs or start flow runs (code on the worker); the database needs no port outside compose."""
+    assert "ports" not in SERVICES["postgres"] and "expose" not in SERVICES["postgres"]
+    for name, svc in SERVICES.items():
+        for port in svc.get("ports", []):
+            spec = port if isinstance(port, str) else f"{port.get('host_ip', '')}:{port.get('published')}"
+            assert spec.startswith("127.0.0.1:"), f"{name} publishes {spec} on every interface"
