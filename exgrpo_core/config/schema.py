@@ -320,6 +320,13 @@ class TrainConfig(_Section):
     """(fsdp2) Keep the parameter shards, their gradients and the AdamW state in CPU memory: FSDP2
     copies each layer to the GPU for its forward and backward, and the optimiser step runs on the CPU
     (slower steps; 16 bytes per parameter, divided by the processes, leave each GPU)."""
+    hsdp: Literal["auto", "on", "off"] = "auto"
+    """(fsdp2) Hybrid sharding (HSDP): a 2-D mesh, replicated across groups of `shard_size` processes
+    and sharded within each, so the layers' all-gathers stay on one machine and only the gradient
+    all-reduce crosses machines. auto: HSDP when the processes span several machines (shard group =
+    processes per machine, LOCAL_WORLD_SIZE); on: always; off: shard over all processes."""
+    shard_size: int | None = Field(default=None, ge=1)
+    """(fsdp2 with hsdp) Processes per shard group (None: per machine); the world must be a multiple."""
     dist_timeout_s: int = Field(default=3600, ge=1)
     """With several processes: how long a collective waits (followers wait while rank 0 evaluates)."""
     lr: float = Field(default=1e-6, gt=0)
@@ -330,6 +337,11 @@ class TrainConfig(_Section):
     """Gradient clipping norm."""
     skip_grad_norm: float | None = 500.0
     """(code) Skip an optimiser step whose gradient norm exceeds this (None: never skip)."""
+
+    @field_validator("hsdp", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v):
+        return ("on" if v else "off") if isinstance(v, bool) else v  # YAML reads on/off as booleans
 
 
 class EvalConfig(_Section):
@@ -420,6 +432,10 @@ class ExGRPOConfig(_Section):
                              "(e.g. [paper-valid]) or data.eval_path")
         if self.train.cpu_offload and self.train.sharding != "fsdp2":
             raise ValueError("train.cpu_offload needs train.sharding=fsdp2 (FSDP2 does the offloading)")
+        if (self.train.hsdp == "on" or self.train.shard_size) and self.train.sharding != "fsdp2":
+            raise ValueError("train.hsdp=on and train.shard_size need train.sharding=fsdp2 (HSDP shards with FSDP2)")
+        if self.train.shard_size and self.train.hsdp == "off":
+            raise ValueError("train.shard_size needs train.hsdp=auto or on (hsdp=off shards over all processes)")
         if self.run.checkpoint_weights == "sharded" and self.train.sharding != "fsdp2":
             raise ValueError("run.checkpoint_weights=sharded needs train.sharding=fsdp2 (replicated weights "
                              "have no shards to write)")

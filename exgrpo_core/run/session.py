@@ -279,8 +279,13 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
         source = _vllm_base(model, tokenizer, source, run_dir)
     sharded = cfg.train.sharding == "fsdp2"
     if sharded:  # FSDP2 before the optimiser, which must see the sharded parameters; no DDP wrapper
+        world = D.topology().world
+        try:  # HSDP: replicate across machines, shard within one
+            shape = fsdp.mesh_shape(cfg.train.hsdp, world, fsdp.local_world_size(world), cfg.train.shard_size)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         model = fsdp.shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16",
-                                 cpu_offload=cfg.train.cpu_offload)
+                                 cpu_offload=cfg.train.cpu_offload, shape=shape)
     optimizer = adamw(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     if not sharded:
         model, optimizer = accelerator.prepare(model, optimizer)

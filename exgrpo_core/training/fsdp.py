@@ -1,7 +1,10 @@
 """FSDP2 (`train.sharding=fsdp2`): parameters, gradients and AdamW state sharded over the processes.
 
 Each decoder layer and then the whole model become `fully_shard` units on a 1-D mesh of all
-processes (gloo on CPU, NCCL on GPU). With sharded parameters every forward pass is a collective, so
+processes (gloo on CPU, NCCL on GPU), or with HSDP (`train.hsdp`, `mesh_shape`) on a 2-D mesh
+(replicate x shard): each group of `shard` processes (one machine) holds one sharded copy, so the
+layers' all-gathers and reduce-scatters stay inside a machine and only the gradient all-reduce
+crosses machines. With sharded parameters every forward pass is a collective, so
 callers make every process run the same number of passes (team.py pads shares, optimise.py pads
 micro-batches with zero-weight rows). Checkpoints gather the full weights on rank 0 (an ordinary
 Hugging Face folder) or, with run.checkpoint_weights=sharded, each process writes its weight shard;
@@ -11,12 +14,15 @@ process loads the weights, re-shards them and reads its optimiser shard.
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import torch
 from torch import nn
 
 from exgrpo_core.training import distributed as D
+
+MESH_DIMS = ("replicate", "shard")
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -27,10 +33,35 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return max(lists, key=len)
 
 
-def shard_model(model: nn.Module, device: torch.device, bf16: bool, cpu_offload: bool = False) -> nn.Module:
+def local_world_size(world: int) -> int:
+    """Processes on this machine: LOCAL_WORLD_SIZE (set by torchrun and accelerate launch), else `world`."""
+    value = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(value) if value.isdigit() and int(value) > 0 else world
+
+
+def mesh_shape(hsdp: str, world: int, local_world: int, shard_size: int | None = None) -> tuple[int, ...]:
+    """The FSDP2 mesh for `train.hsdp` / `train.shard_size`: (world,) or (replicate, shard) for HSDP.
+    auto: HSDP when the shard group (shard_size, else the processes per machine) is smaller than the
+    world, i.e. the processes span several machines; on: always (1 x world on one machine); off: never."""
+    if hsdp not in ("auto", "on", "off"):
+        raise ValueError(f"train.hsdp must be auto, on or off (got {hsdp!r})")
+    if hsdp == "off":
+        return (world,)
+    size = shard_size or local_world
+    if hsdp == "auto" and size >= world:
+        return (world,)
+    if world % size:
+        raise ValueError(f"train.hsdp={hsdp}: {world} processes are not a multiple of the shard group of {size} "
+                         f"({'train.shard_size' if shard_size else 'processes per machine, LOCAL_WORLD_SIZE'})")
+    return (world // size, size)
+
+
+def shard_model(model: nn.Module, device: torch.device, bf16: bool, cpu_offload: bool = False,
+                shape: tuple[int, ...] | None = None) -> nn.Module:
     """Apply FSDP2 in place: one unit per decoder layer, then the root (embeddings, norm, head).
     `cpu_offload`: the shards (and so their gradients and optimiser state) live in CPU memory and are
-    copied to `device` for each unit's forward and backward."""
+    copied to `device` for each unit's forward and backward. `shape`: the mesh (`mesh_shape`); None or
+    one dimension shards over all processes, (replicate, shard) is HSDP."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -38,7 +69,12 @@ def shard_model(model: nn.Module, device: torch.device, bf16: bool, cpu_offload:
     if not dist.is_initialized():  # one process (e.g. one GPU): FSDP2 still needs a process group
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(),
                                 rank=0, world_size=1)
-    mesh = init_device_mesh(device.type, (D.topology().world,))
+    world = D.topology().world
+    shape = tuple(shape) if shape else (world,)
+    if len(shape) not in (1, 2) or shape[0] * (shape[1] if len(shape) == 2 else 1) != world:
+        raise ValueError(f"FSDP2 mesh {shape} does not cover the {world} processes")
+    mesh = (init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIMS) if len(shape) == 2
+            else init_device_mesh(device.type, shape))
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
               else MixedPrecisionPolicy())
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
@@ -75,6 +111,7 @@ def compute_device(model: nn.Module) -> torch.device:
 
 
 def is_sharded(model: nn.Module) -> bool:
+    """Whether `model` is an FSDP2 module (`shard_model` was applied)."""
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)

@@ -74,6 +74,8 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
                                           share_prompts, mean_denom, kv)
                 if sharded:  # every pass reduce-scatters into the sharded gradient (no whole fp32 copy
                     loss = loss * world  # held between passes); FSDP2 averages over processes, we want the sum
+                if sharded and hasattr(model, "set_requires_all_reduce"):  # HSDP: gradients cross machines
+                    model.set_requires_all_reduce(i + 1 == len(micros))  # once per step (no-op on a 1-D mesh)
                 accelerator.backward(loss if micro_rows is not None else loss * 0.0)
                 if kv is not None and (i + 1 == len(micros) or micros[i + 1][1] is not None):
                     kv.backward()  # the group's prompt gradients, gathered over its micro-batches
