@@ -43,7 +43,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_follower(cfg)
         return 0
     run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
-    existed = run_dir.exists()
     try:
         _preflight(cfg, run_dir)  # user errors (data, database, MLflow, a second process) before Prefect starts
         console.print("[bold]ExGRPO[/bold] " + escape(f"preset={cfg.preset} model={cfg.model.name_or_path} "
@@ -58,8 +57,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         train_flow.PROGRESS.append(_progress_line)
         summary = train_flow.train(preset=cfg.preset, config=cfg)
     except BaseException:
-        if not existed and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".lock"}:
-            shutil.rmtree(run_dir, ignore_errors=True)  # a failed start leaves no empty run directory
+        from exgrpo_core.run.locks import remove_failed_start
+
+        remove_failed_start(run_dir)  # a failed start leaves no empty run directory it created (and no other)
         raise
     console.print("[green]done[/green]: " + escape(f"run {summary['run_id']} ({summary['steps']} steps), "
                   f"MLflow run {summary['mlflow_run_id']}, run dir {summary['run_dir']}"))
@@ -71,7 +71,7 @@ def _preflight(cfg, run_dir: Path) -> None:
     (a server must answer), the MLflow server, another process on the run, a damaged checkpoint."""
     from exgrpo_core.data import questions as data
     from exgrpo_core.run import checkpoint
-    from exgrpo_core.run.locks import lock_run
+    from exgrpo_core.run.locks import lock_run, make_run_dir
     from exgrpo_core.store.engine import create_store_engine, parse_url
     from exgrpo_core.store.experience_store import resolve_db_url
     from flows.tracking import check_server
@@ -82,7 +82,7 @@ def _preflight(cfg, run_dir: Path) -> None:
     questions = data.load_questions(
         cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
         system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction, max_questions=cfg.data.max_questions)
-    run_dir.mkdir(parents=True, exist_ok=True)  # the default SQLite database lives in it (removed if the start fails)
+    make_run_dir(run_dir)  # the default SQLite database lives in it (removed if the start fails)
     db_url = resolve_db_url(cfg.run.db_url, run_dir)
     url = parse_url(db_url)
     if url.get_backend_name() != "sqlite":

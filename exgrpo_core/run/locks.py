@@ -3,6 +3,9 @@
 Both are kernel locks (`flock` on a file, a PostgreSQL session advisory lock), so they are released
 when the holding process dies, however it dies: a killed run never leaves a stale lock behind.
 `RunLock` refuses a second holder at once, with one line naming the first (pid, host, since when).
+`lock_run` locks both things a run lives in: its folder (checkpoints) and the run in its database
+(an advisory lock in that PostgreSQL database, or a file lock beside the SQLite file), so neither two
+folders sharing one database nor one folder with two databases gives a run two writers.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 import socket
 import time
 from collections.abc import Iterator
@@ -59,19 +63,28 @@ class RunLock:
             self._release = None
 
     @classmethod
-    def file(cls, run_dir: str | Path, name: str) -> "RunLock":
-        path = Path(run_dir) / ".lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+    def file(cls, run_dir: str | Path, name: str, path: str | Path | None = None, where: str = "") -> "RunLock":
+        """An `flock` on `path` (default `run_dir/.lock`); `where` is added to the holder's label."""
+        path = Path(path) if path is not None else Path(run_dir) / ".lock"
+        while True:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise RunLockedError(f"run '{name}' is already running ({holder}; lock {path}): wait for it to "
+                                     "end, stop it, or set run.name to start another run") from None
+            try:  # the file may have been removed (a failed start cleaning up) while we waited: lock the new one
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
             os.close(fd)
-            raise RunLockedError(f"run '{name}' is already running ({holder}; lock {path}): wait for it to end, "
-                                 "stop it, or set run.name to start another run") from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, holder_label().encode(), 0)
+        os.pwrite(fd, (holder_label() + where).encode(), 0)
         return cls(lambda: os.close(fd))
 
     @classmethod
@@ -99,37 +112,108 @@ class RunLock:
             raise
 
         def release() -> None:
-            try:
+            try:  # a dead server or connection has freed the lock already: never raise over the real error
                 conn.execute(text("select pg_advisory_unlock(:k)"), {"k": key})
                 conn.commit()
+            except Exception:  # noqa: BLE001
+                conn.invalidate()
             finally:
                 conn.close()
         return cls(release)
 
 
 _HELD: dict[str, RunLock] = {}
+_CREATED: set[str] = set()
+LOCK_SUFFIX = ".runlock"
+
+
+def database_lock_path(db_url: str, name: str) -> Path | None:
+    """The file locking run `name` in an SQLite database: `<database file>.<hash of name>.runlock` beside
+    it; None for an in-memory database (no other process can reach it)."""
+    from sqlalchemy.engine import make_url
+
+    database = make_url(db_url).database
+    if database in (None, "", ":memory:"):
+        return None
+    db = Path(database).expanduser().resolve()
+    return db.with_name(f"{db.name}.{hashlib.sha256(name.encode()).hexdigest()[:12]}{LOCK_SUFFIX}")
+
+
+def _database_lock(run_dir: Path, name: str, db_url: str) -> RunLock | None:
+    """The lock on run `name` in the database of `db_url`: an advisory lock in that PostgreSQL database
+    (advisory locks are per database), else a file lock beside the SQLite file."""
+    where = f" in {run_dir}"
+    if db_url.startswith("postgres"):
+        from exgrpo_core.store.engine import create_store_engine, parse_url
+
+        engine = create_store_engine(parse_url(db_url))
+        try:
+            lock = RunLock.postgres(engine, name)
+        except BaseException:
+            engine.dispose()
+            raise
+        inner = lock._release
+        lock._release = lambda: (inner(), engine.dispose())
+        return lock
+    path = database_lock_path(db_url, name)
+    return RunLock.file(run_dir, name, path, where) if path else None
 
 
 def lock_run(run_dir: str | Path, name: str, db_url: str) -> RunLock:
-    """This process's lock on the run in `run_dir` (taken once; idempotent): a PostgreSQL advisory lock on
-    the run's name when the experience database is PostgreSQL, else a file lock `run_dir/.lock`."""
-    key = str(Path(run_dir).resolve())
+    """This process's lock on the run in `run_dir` (taken once; idempotent): a file lock `run_dir/.lock` on
+    the folder, and the lock on the run's name in its database (`_database_lock`). Either one held by
+    another process refuses this one with one line naming the holder."""
+    run_dir = Path(run_dir).resolve()
+    key = str(run_dir)
     if key not in _HELD:
-        if db_url.startswith("postgresql"):
-            from exgrpo_core.store.engine import create_store_engine, parse_url
+        folder = RunLock.file(run_dir, name)
+        try:
+            db = _database_lock(run_dir, name, db_url)
+        except BaseException:
+            folder.release()
+            raise
 
-            engine = create_store_engine(parse_url(db_url))
+        def release() -> None:
             try:
-                lock = RunLock.postgres(engine, name)
-            except BaseException:
-                engine.dispose()
-                raise
-            inner = lock._release
-            lock._release = lambda: (inner(), engine.dispose())
-        else:
-            lock = RunLock.file(run_dir, name)
-        _HELD[key] = lock
+                if db is not None:
+                    db.release()
+            finally:
+                folder.release()
+        _HELD[key] = RunLock(release)
     return _HELD[key]
+
+
+def make_run_dir(run_dir: str | Path) -> None:
+    """Create `run_dir` (and its parents), remembering whether this process created it."""
+    run_dir = Path(run_dir).resolve()
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir()
+        _CREATED.add(str(run_dir))
+    except FileExistsError:
+        pass
+
+
+def remove_failed_start(run_dir: str | Path) -> bool:
+    """After a failed start: remove `run_dir` when this process created it, it holds nothing but lock
+    files, and no other process holds its lock (checked by taking the lock; removed while holding it).
+    A folder another process made or locked, even at the same moment, is left alone."""
+    run_dir = Path(run_dir).resolve()
+    if str(run_dir) not in _CREATED or not run_dir.is_dir():
+        return False
+    unlock_run(run_dir)
+    try:
+        lock = RunLock.file(run_dir, run_dir.name)
+    except RunLockedError:
+        return False
+    try:
+        if not all(p.name == ".lock" or p.name.endswith(LOCK_SUFFIX) for p in run_dir.iterdir()):
+            return False
+        shutil.rmtree(run_dir, ignore_errors=True)
+        _CREATED.discard(str(run_dir))
+        return True
+    finally:
+        lock.release()
 
 
 def holds(run_dir: str | Path) -> bool:

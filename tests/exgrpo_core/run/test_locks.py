@@ -61,3 +61,19 @@ def test_postgres_advisory_lock_refuses_a_second_holder_by_run_name(tmp_path):
     assert first._release is None
     locks.lock_run(tmp_path / "b", name, PG_URL)
     locks.unlock_run(tmp_path / "b")
+
+
+def test_failed_start_removes_only_the_empty_folder_this_process_created(tmp_path):
+    made = tmp_path / "runs" / "made"
+    locks.make_run_dir(made)
+    locks.lock_run(made, "made", f"sqlite:///{made / 'experience.db'}")
+    assert sorted(p.name for p in made.iterdir())[0] == ".lock"  # and the database's lock beside its file
+    assert locks.remove_failed_start(made) and not made.exists() and not locks.holds(made)
+    found = tmp_path / "runs" / "found"
+    found.mkdir()
+    locks.make_run_dir(found)  # existed already: not this process's
+    assert not locks.remove_failed_start(found) and found.is_dir()
+    kept = tmp_path / "runs" / "kept"
+    locks.make_run_dir(kept)
+    (kept / "experience.db").write_bytes(b"")
+    assert not locks.remove_failed_start(kept) and kept.is_dir()  # it holds more than lock files
