@@ -20,8 +20,10 @@ cell's archive under `reuse`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -130,11 +132,23 @@ def counts_line(archives: dict[str, dict], seeds: list[int]) -> str:
            f"load {os.getloadavg()[0]:.1f}"
 
 
+def code_state() -> dict:
+    """The code this process trains on: HEAD plus the shared tree's uncommitted changes to tracked files
+    (their names and the SHA-256 of `git diff HEAD`), read once at start, before the modules load."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout
+
+    diff = git("diff", "HEAD")
+    return {"head": seed_archive.commit(), "uncommitted": git("diff", "--name-only", "HEAD").split(),
+            "diff_sha256": hashlib.sha256(diff.encode()).hexdigest()}
+
+
 def load_cells(start: str) -> dict[str, dict]:
     return {r: seed_archive.load(cell_name(r), fingerprint(r, start)) for r in RATES}
 
 
 def run(seeds: list[int], output_dir: str, threads: int) -> int:
+    code = code_state()
     import torch
 
     torch.set_num_threads(threads)
@@ -161,6 +175,7 @@ def run(seeds: list[int], output_dir: str, threads: int) -> int:
             out = compare(preset=PRESET, overrides=[f"run.output_dir={output_dir}", f"train.lr={rate}"], arms=ARMS,
                           seeds=[seed], name=cell_name(rate))
             seed_archive.add_seed(archive, seed, json.loads(Path(out["files"]["json"]).read_text()))
+            archive["seeds"][str(seed)]["code"] = code
             if rate in REUSE and seed == CHECK_SEED and "reuse" not in archive:
                 check_reuse(archive, rate, start, seeds)
                 r = archive["reuse"]
