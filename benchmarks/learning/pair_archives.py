@@ -7,7 +7,17 @@ archives must share the preset, the overrides and the starting model, and the ru
 the baseline arm (`--baseline`, on_policy) present in both must have the same held-out results in every
 shared seed, which shows that the seed gave both archives the same data order and sampling. Prints the
 paired differences (second minus first) of the final held-out pass@1 and the area under the held-out
-curve, mean with 95% t and bootstrap intervals, and writes results/pair_<name>_<arm>__<name>_<arm>.json.
+curve, mean with 95% t and bootstrap intervals, t and sign-flip p, and writes
+results/pair_<name>_<arm>__<name>_<arm>.json.
+
+Holm's correction over tests from several archives (a family of headline comparisons):
+
+    python benchmarks/learning/pair_archives.py --family af-main,af-ablations,af-slow
+    python benchmarks/learning/pair_archives.py af-slow:exgrpo af-slow-q:no_question_selection --family af-main,af-slow
+
+The family is every arm's final and area comparison against the baseline in each named archive (and the
+pair's two, when a pair is given); each p is corrected over the whole family, and the verdicts use that p.
+Writes results/holm_family_<names>.json.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from benchmarks.bench_record import RESULTS, save_result  # noqa: E402
 from benchmarks.learning import seed_archive  # noqa: E402
 
 from exgrpo_core.evaluation import stats  # noqa: E402
+from flows.compare import stats as compare_stats  # noqa: E402
 
 METRICS = {"heldout_avg": "final held-out pass@1", "heldout_auc": "area under the held-out curve"}
 CHECKED = ("heldout_avg", "heldout_auc", "heldout_start")
@@ -68,44 +79,92 @@ def pair(a: dict, arm_a: str, b: dict, arm_b: str, baseline: str = "on_policy") 
            "seeds": seeds, "metrics": {}}
     for key in METRICS:
         diffs = stats.paired_differences({s: rb[s][key] for s in seeds}, {s: ra[s][key] for s in seeds})
-        out["metrics"][key] = {"first_mean": stats.mean([ra[s][key] for s in seeds]),
-                               "second_mean": stats.mean([rb[s][key] for s in seeds]),
-                               "per_seed": diffs, **stats.summarise_differences(list(diffs.values()))}
+        first, second = stats.mean([ra[s][key] for s in diffs]), stats.mean([rb[s][key] for s in diffs])
+        out["metrics"][key] = {"first_mean": first, "second_mean": second, "arm_mean": second, "baseline_mean": first,
+                               "paired_seeds": len(seeds), "per_seed": diffs,
+                               **stats.summarise_differences(list(diffs.values()))}
+    holm = stats.holm({k: m["p"] for k, m in out["metrics"].items()})
+    for k, m in out["metrics"].items():
+        m["p_holm"] = holm[k]
+        m["final_verdict"] = compare_stats.final_verdict(m)
     return out
+
+
+def family(names: list[str], folder: Path, baseline: str = "on_policy", pair_result: dict | None = None) -> dict:
+    """{comparison: {arm: {metric: summary}}} for every archive in `names` (each arm against `baseline`),
+    plus the pair's metrics, with Holm's correction over all their final and area tests together."""
+    if len(set(names)) != len(names):
+        raise PairError(f"--family names an archive twice: {names}")
+    archives = {n: seed_archive.load_existing(n, folder) for n in names}  # every name checked before any work
+    tables = {}
+    for n, archive in archives.items():
+        rows = [r["row"] for r in seed_archive.results(archive)]
+        if baseline not in {r["arm"] for r in rows}:
+            raise PairError(f"archive {n!r} has no {baseline!r} arm to compare against")
+        tables[n] = compare_stats.paired_stats(rows, baseline)
+    if pair_result:
+        tables[f"pair vs {pair_result['first']}"] = {pair_result["second"]: pair_result["metrics"]}
+    compare_stats.holm_across(tables)
+    return tables
+
+
+def family_table(tables: dict) -> str:
+    size = max((s.get("family_size", 0) for t in tables.values() for m in t.values() for s in m.values()), default=0)
+    lines = [f"Holm family: {size} tests (final and area of every arm) over {', '.join(tables)}", "",
+             *compare_stats.paired_legend(size, "the whole family"), "",
+             "| comparison | arm | metric | seeds | arm mean | reference mean | mean diff | 95% t-interval | "
+             "95% bootstrap | p (t) | p sign-flip | p Holm (family) | seeds ahead / behind | verdict |",
+             "|---|---|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|---|"]
+    for name, t in tables.items():
+        for arm, metrics in t.items():
+            for key in compare_stats.HOLM_METRICS:
+                cells = compare_stats.summary_cells(metrics[key], key, "family_verdict", "p_holm_family")
+                lines.append(f"| {name} | {arm} | {METRICS[key]} | {cells} |")
+    return "\n".join(lines)
 
 
 def table(result: dict) -> str:
     lines = [f"{result['second']} minus {result['first']}, {len(result['seeds'])} paired seeds "
-             f"({result['baseline_checked']} identical in both archives)", "",
-             "| metric | first | second | mean diff | 95% t-interval | 95% bootstrap | p | ahead / behind | verdict |",
-             "|---|---:|---:|---:|---|---|---:|---|---|"]
+             f"({result['baseline_checked']} identical in both archives); p Holm over these two metrics", "",
+             "| metric | seeds | first | second | mean diff | 95% t-interval | 95% bootstrap | p (t) | p sign-flip | "
+             "p Holm | ahead / behind | verdict |", "|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|---|"]
     for key, label in METRICS.items():
-        m = result["metrics"][key]
-        lines.append(f"| {label} | {m['first_mean']:.3f} | {m['second_mean']:.3f} | {m['mean']:+.3f} | "
-                     f"{m['t_lo']:+.3f} .. {m['t_hi']:+.3f} | {m['boot_lo']:+.3f} .. {m['boot_hi']:+.3f} | "
-                     f"{m['p']:.3f} | {m['ahead']} / {m['behind']} | {m['verdict']} |")
+        lines.append(f"| {label} | {compare_stats.summary_cells(result['metrics'][key], key)} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("first", help="NAME:ARM (the reference)")
-    ap.add_argument("second", help="NAME:ARM (differences are second minus first)")
+    ap.add_argument("first", nargs="?", help="NAME:ARM (the reference)")
+    ap.add_argument("second", nargs="?", help="NAME:ARM (differences are second minus first)")
     ap.add_argument("--baseline", default="on_policy", help="arm both archives ran, checked identical per seed")
+    ap.add_argument("--family", default="", metavar="NAME1,NAME2,...",
+                    help="archives whose final and area tests (every arm against --baseline) form one Holm family")
     ap.add_argument("--folder", default=str(RESULTS), help="where the archives are")
     ap.add_argument("--no-save", action="store_true", help="print only")
     a = ap.parse_args(argv)
+    names = [n.strip() for n in a.family.split(",") if n.strip()]
     try:
-        (na, arm_a), (nb, arm_b) = parse_side(a.first), parse_side(a.second)
-        archive_a = seed_archive.load_existing(na, Path(a.folder))
-        archive_b = seed_archive.load_existing(nb, Path(a.folder))
-        result = pair(archive_a, arm_a, archive_b, arm_b, a.baseline)
+        if (a.first is None) != (a.second is None) or (a.first is None and not names):
+            raise PairError("give two sides NAME:ARM NAME:ARM, or --family NAME1,NAME2,..., or both")
+        result = None
+        if a.first:
+            (na, arm_a), (nb, arm_b) = parse_side(a.first), parse_side(a.second)
+            archive_a = seed_archive.load_existing(na, Path(a.folder))
+            archive_b = seed_archive.load_existing(nb, Path(a.folder))
+            result = pair(archive_a, arm_a, archive_b, arm_b, a.baseline)
+        tables = family(names, Path(a.folder), a.baseline, result) if names else None
     except (PairError, seed_archive.ArchiveError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(table(result))
-    if not a.no_save:
-        save_result(f"pair_{na}_{arm_a}__{nb}_{arm_b}.json", result)
+    if result:
+        print(table(result))
+        if not a.no_save:
+            save_result(f"pair_{na}_{arm_a}__{nb}_{arm_b}.json", result)
+    if tables:
+        print(("\n" if result else "") + family_table(tables))
+        if not a.no_save:
+            save_result(f"holm_family_{'_'.join(names)}.json", {"family": names, "pair": bool(result), "tables": tables})
     return 0
 
 

@@ -26,7 +26,13 @@ HOLM_METRICS = ("heldout_avg", "heldout_auc")
 
 
 def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> dict:
-    """{arm: {metric: summary + per-seed differences}} for every arm but the baseline (seed rows only)."""
+    """{arm: {metric: summary + per-seed differences}} for every arm but the baseline (seed rows only).
+
+    Arm and baseline means are over the seeds in the difference only. Responses-to-target is a time to an
+    event: a seed where only one arm reached the target is censored, not dropped (`censored`: the paired
+    Gehan sign test of exgrpo_core/evaluation/stats.py, its p in `p`); its mean and t-interval are over the
+    seeds where both reached it. Verdicts: see `final_verdict`.
+    """
     per = {}
     for r in rows:
         if r.get("seed") == "mean":
@@ -41,24 +47,79 @@ def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> d
         if arm == baseline:
             continue
         out[arm] = {}
+        paired = [s for s in by_seed if s in per[baseline]]
         for key in PAIRED_METRICS:
-            diffs = stats.paired_differences({s: r.get(key, math.nan) for s, r in by_seed.items()},
-                                             {s: r.get(key, math.nan) for s, r in per[baseline].items()})
-            arm_vals = [by_seed[s].get(key, math.nan) for s in by_seed if s in per[baseline]]
-            base_vals = [per[baseline][s].get(key, math.nan) for s in by_seed if s in per[baseline]]
+            a = {s: by_seed[s].get(key, math.nan) for s in paired}
+            b = {s: per[baseline][s].get(key, math.nan) for s in paired}
+            diffs = stats.paired_differences(a, b)
             summary = stats.summarise_differences(list(diffs.values()), seed=seed)
-            if key in LOWER_IS_BETTER:
+            extra = {}
+            if key == "responses_to_target":
+                scores = stats.censored_pair_scores({s: (a[s], by_seed[s].get("responses_generated", math.nan), b[s],
+                                                         per[baseline][s].get("responses_generated", math.nan))
+                                                     for s in paired})
+                extra["censored"] = {**stats.censored_sign_test(scores), "scores": {str(s): v for s, v in scores.items()},
+                                     "only_arm": sum(not math.isnan(a[s]) and math.isnan(b[s]) for s in paired),
+                                     "only_baseline": sum(math.isnan(a[s]) and not math.isnan(b[s]) for s in paired),
+                                     "neither": sum(math.isnan(a[s]) and math.isnan(b[s]) for s in paired)}
+                summary = {**summary, "p": extra["censored"]["p"], "p_signflip": math.nan,
+                           "ahead": extra["censored"]["earlier"], "behind": extra["censored"]["later"],
+                           "verdict": _censored_verdict(summary, extra["censored"])}
+            elif key in LOWER_IS_BETTER:
                 summary = _lower_is_better(summary)
-            out[arm][key] = {**summary,
+            out[arm][key] = {**summary, **extra,
                              "differences": {str(s): d for s, d in diffs.items()},
-                             "arm_mean": stats.mean(arm_vals), "baseline_mean": stats.mean(base_vals),
-                             "arm_reached": sum(not math.isnan(v) for v in arm_vals),
-                             "paired_seeds": sum(1 for s in by_seed if s in per[baseline])}
+                             "arm_mean": stats.mean([a[s] for s in diffs]),
+                             "baseline_mean": stats.mean([b[s] for s in diffs]),
+                             "arm_reached": sum(not math.isnan(v) for v in a.values()),
+                             "paired_seeds": len(paired)}
     adjusted = stats.holm({(arm, key): out[arm][key]["p"] for arm in out for key in HOLM_METRICS})
     for (arm, key), p in adjusted.items():
         out[arm][key]["p_holm"] = p
         out[arm][key]["holm_family"] = len(adjusted)
+    for metrics in out.values():
+        for s in metrics.values():
+            s["final_verdict"] = final_verdict(s)
     return out
+
+
+def _censored_verdict(summary: dict, censored: dict) -> str:
+    """ahead (arm reached the target first in more pairs) / behind on the censored test's p < 0.05, else null."""
+    if not censored["earlier"] + censored["later"]:
+        return "too few seeds"
+    if censored["p"] < 0.05:
+        return "ahead" if censored["earlier"] > censored["later"] else "behind"
+    return "null"
+
+
+def final_verdict(s: dict, p_holm_key: str = "p_holm") -> str:
+    """The verdict the table shows. `ahead` / `behind` only on a Holm-corrected p below 0.05; a difference
+    significant before correction, or outside the corrected family, is `hint: ...` with its uncorrected p;
+    a null says how large a difference the interval still allows: `null: |diff| < bound at 95%`."""
+    v, p_holm = s["verdict"], s.get(p_holm_key, math.nan)
+    if v in ("ahead", "behind"):
+        if p_holm is not None and not math.isnan(p_holm) and p_holm < 0.05:
+            return v
+        why = "not in the corrected family" if p_holm is None or math.isnan(p_holm) else f"Holm p {_p(p_holm)}"
+        return f"hint: {v} (uncorrected p {_p(s['p'])}; {why})"
+    if v == "null" and "censored" in s:
+        return f"null (censored sign test p {_p(s['p'])})"
+    if v == "null":
+        return f"null: |diff| < {s['bound']:.3f} at {s['level']:.0%}"
+    return v
+
+
+def holm_across(tables: dict[str, dict]) -> dict:
+    """Holm's correction over a family spanning several comparisons: tables = {name: paired_stats output};
+    the HOLM_METRICS of every arm of every table form one family. Sets `p_holm_family`, `family_size` and
+    `family_verdict` in each summary; returns {(name, arm, metric): adjusted p}."""
+    adjusted = stats.holm({(name, arm, key): t[arm][key]["p"] for name, t in tables.items() for arm in t
+                           for key in HOLM_METRICS})
+    for (name, arm, key), p in adjusted.items():
+        s = tables[name][arm][key]
+        s.update(p_holm_family=p, family_size=len(adjusted))
+        s["family_verdict"] = final_verdict(s, "p_holm_family")
+    return adjusted
 
 
 def _lower_is_better(summary: dict) -> dict:
@@ -115,27 +176,20 @@ def replay_buckets(rows: list[dict]) -> dict:
 def markdown(paired: dict, buckets: dict, collapsed: dict | None = None) -> list[str]:
     """The statistics section of the comparison's Markdown."""
     lines = _collapse_lines(collapsed) if collapsed and any(c["collapsed"] for c in collapsed.values()) else []
-    lines += [] if not paired else ["", "## Paired against on_policy", "",
-             "Per seed: arm minus on_policy with the same seed (same starting model, data order and sampling "
-             "seed). Mean difference, 95% Student-t interval and percentile bootstrap interval over the seeds; "
-             "`noise` means the t-interval holds 0: the data do not tell the arms apart. `p`: the paired t-test; "
-             f"`p Holm`: Holm's correction over the {_family(paired)} final and area comparisons of this table "
-             "(every arm, both metrics): an `ahead` or `behind` whose p Holm is 0.05 or more may be one of the "
-             "chance findings that many comparisons make.", "",
+    lines += [] if not paired else ["", "## Paired against on_policy", "", *paired_legend(_family(paired)), "",
              "| arm | metric | seeds | arm mean | on_policy mean | mean diff | 95% t-interval | 95% bootstrap | "
-             "p | p Holm | seeds ahead / behind | verdict |", "|---|---|---:|---:|---:|---:|---|---|---:|---:|---|---|"]
+             "p (t) | p sign-flip | p Holm | seeds ahead / behind | verdict |",
+             "|---|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|---|"]
     for arm, metrics in paired.items():
         for key, s in metrics.items():
-            label = PAIRED_METRICS[key][0]
-            digits = 0 if key == "responses_to_target" else 3
-            lines.append(f"| {arm} | {label} | {s['n']}/{s['paired_seeds']} | {_f(s['arm_mean'], digits)} | "
-                         f"{_f(s['baseline_mean'], digits)} | {_f(s['mean'], digits, True)} | "
-                         f"{_f(s['t_lo'], digits, True)} .. {_f(s['t_hi'], digits, True)} | "
-                         f"{_f(s['boot_lo'], digits, True)} .. {_f(s['boot_hi'], digits, True)} | "
-                         f"{_p(s.get('p'))} | {_p(s.get('p_holm'))} | {s['ahead']} / {s['behind']} | {s['verdict']} |")
+            lines.append(f"| {arm} | {PAIRED_METRICS[key][0]} | {summary_cells(s, key)} |")
     if paired:
-        lines += ["", "`seeds` = seeds in the statistic / paired seeds (responses-to-target uses only seeds where "
-                  "both arms reached on-policy's final mean; a lower number is better there)."]
+        lines += ["", "`seeds` = seeds in the statistic / paired seeds. Responses-to-target: the means, difference and "
+                  "t-interval are over the seeds where both arms reached on-policy's final mean (a lower number is "
+                  "better); a seed where only one arm reached it is censored, not dropped: `p (t)` there is the paired "
+                  "Gehan (censored sign) test over all paired seeds, each run censored at the pair's smaller response "
+                  "count, and `seeds ahead / behind` count the pairs where the arm reached the target first / later "
+                  f"({_censored_counts(paired)})."]
     if buckets:
         lines += ["", "## Replays by source bucket", "",
                   "Experiential questions by the bucket k (correct of K in the question's previous group) they were "
@@ -156,6 +210,40 @@ def markdown(paired: dict, buckets: dict, collapsed: dict | None = None) -> list
     return lines
 
 
+def paired_legend(family: int, scope: str = "this table") -> list[str]:
+    """What the paired table's columns and verdicts mean."""
+    return ["Per seed: arm minus on_policy with the same seed (same starting model, data order and sampling seed). "
+            "Mean difference over the paired seeds, 95% Student-t interval and percentile bootstrap interval "
+            f"(resampling seeds; marked `(n < {stats.MIN_BOOTSTRAP_SEEDS})` where too few seeds make it too narrow). "
+            "`p (t)`: the paired t-test; `p sign-flip`: the sign-flip permutation test (exact up to "
+            f"{stats.SIGN_FLIP_EXACT_MAX} seeds, else Monte Carlo, marked `~`); `p Holm`: Holm's correction of "
+            f"`p (t)` over the {family} final and area comparisons of {scope} (every arm, both metrics). The "
+            "verdict uses the corrected p: `ahead` / `behind` only at p Holm < 0.05; a difference whose interval "
+            "excludes 0 before correction only, or a metric outside the corrected family, is a `hint` with its "
+            "uncorrected p; `null: |diff| < b at 95%` means the data do not tell the arms apart and the interval "
+            "still allows a difference up to b either way."]
+
+
+def summary_cells(s: dict, key: str = "", verdict_key: str = "final_verdict", p_holm_key: str = "p_holm") -> str:
+    """One paired table row's cells from `seeds` to `verdict`, joined by ' | '."""
+    digits = 0 if key == "responses_to_target" else 3
+    boot = f"{_f(s['boot_lo'], digits, True)} .. {_f(s['boot_hi'], digits, True)}"
+    if s.get("boot_few") and s["n"] >= 2:
+        boot += f" (n < {stats.MIN_BOOTSTRAP_SEEDS})"
+    flip = _p(s.get("p_signflip"))
+    flip = flip if s.get("signflip_exact", True) or flip == "—" else f"~{flip}"
+    verdict = s.get(verdict_key, s["verdict"]).replace("|", "\\|")
+    return " | ".join([f"{s['n']}/{s['paired_seeds']}", _f(s["arm_mean"], digits), _f(s["baseline_mean"], digits),
+                       _f(s["mean"], digits, True), f"{_f(s['t_lo'], digits, True)} .. {_f(s['t_hi'], digits, True)}",
+                       boot, _p(s.get("p")), flip, _p(s.get(p_holm_key)), f"{s['ahead']} / {s['behind']}", verdict])
+
+
+def _censored_counts(paired: dict) -> str:
+    return "; ".join(f"{arm}: {c['only_arm']} seed(s) only the arm reached it, {c['only_baseline']} only on_policy, "
+                     f"{c['neither']} neither" for arm, m in paired.items()
+                     for c in [m.get("responses_to_target", {}).get("censored")] if c)
+
+
 def _family(paired: dict) -> int:
     return max((s.get("holm_family", 0) for m in paired.values() for s in m.values()), default=0)
 
@@ -171,12 +259,12 @@ def _collapse_lines(collapsed: dict) -> list[str]:
     lines = ["", "## Collapsed runs", "",
              f"A run collapsed when its final held-out pass@1 is below {COLLAPSE_FRACTION:g} x its step-0 value. "
              "Against on_policy on paired seeds: the seeds where only one of the two collapsed, and the exact "
-             "McNemar test on them (`noise` when p >= 0.05).", "",
+             "McNemar test on them (`null` when p >= 0.05: no difference in collapses shown).", "",
              "| arm | collapsed / runs | paired seeds | only this arm | only on_policy | McNemar p | verdict |",
              "|---|---|---:|---:|---:|---:|---|"]
     for arm, c in collapsed.items():
         p = c["p_mcnemar"]
-        verdict = ("—" if math.isnan(p) else "noise" if p >= 0.05
+        verdict = ("—" if math.isnan(p) else "null" if p >= 0.05
                    else "fewer collapses" if c["only_arm"] < c["only_baseline"] else "more collapses")
         lines.append(f"| {arm} | {c['collapsed']} / {c['runs']} | {c['paired_seeds']} | {c['only_arm']} | "
                      f"{c['only_baseline']} | {_f(p, 3)} | {verdict} |")

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import scipy.stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.learning import pair_archives  # noqa: E402
@@ -63,6 +64,50 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, message):
     write(tmp_path, "a", "exgrpo", {0: (0.5, 0.4), 1: (0.6, 0.45)})
     write(tmp_path, "b", "uniform", {0: (0.5, 0.4), 1: (0.6, 0.45)})
     write(tmp_path, "c", "uniform", {0: (0.5, 0.4), 1: (0.6, 0.45)}, fp={**FP, "overrides": []})
+    assert pair_archives.main([*args, "--folder", str(tmp_path), "--no-save"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+
+
+def _holm_by_hand(ps):
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out, running = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
+def test_a_holm_family_spans_archives(tmp_path, capsys):
+    write(tmp_path, "a", "exgrpo", {0: (0.52, 0.41), 1: (0.64, 0.47), 2: (0.58, 0.43)})
+    write(tmp_path, "b", "uniform", {0: (0.49, 0.40), 1: (0.61, 0.45), 2: (0.57, 0.42), 3: (0.55, 0.39)},
+          fp={**FP, "overrides": []})  # another setting: a family need not share settings
+    assert pair_archives.main(["--family", "a,b", "--folder", str(tmp_path), "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "Holm family: 4 tests" in out and "p Holm (family)" in out
+    base = {s: (0.5 + s / 100, 0.4) for s in range(4)}  # on_policy in write()
+    diffs = {("a", "heldout_avg"): [0.52 - 0.50, 0.64 - 0.51, 0.58 - 0.52],
+             ("a", "heldout_auc"): [0.01, 0.07, 0.03],
+             ("b", "heldout_avg"): [0.49 - 0.50, 0.61 - 0.51, 0.57 - 0.52, 0.55 - 0.53],
+             ("b", "heldout_auc"): [0.0, 0.05, 0.02, -0.01]}
+    assert base[2][0] == 0.52
+    keys = list(diffs)
+    raw = [scipy.stats.ttest_1samp(diffs[k], 0.0).pvalue for k in keys]
+    tables = pair_archives.family(["a", "b"], tmp_path)
+    arm = {"a": "exgrpo", "b": "uniform"}
+    got = [tables[n][arm[n]][m]["p_holm_family"] for n, m in keys]
+    assert got == pytest.approx(_holm_by_hand(raw))
+    assert all(tables[n][arm[n]][m]["family_size"] == 4 for n, m in keys)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--family", "a,zz"], "no archive arith_compare_zz_seeds.json"),
+    (["--family", "a,a"], "names an archive twice"),
+    ([], "give two sides NAME:ARM NAME:ARM, or --family"),
+    (["a:exgrpo"], "give two sides"),
+])
+def test_bad_family_input_is_one_line(tmp_path, capsys, args, message):
+    write(tmp_path, "a", "exgrpo", {0: (0.5, 0.4), 1: (0.6, 0.45)})
     assert pair_archives.main([*args, "--folder", str(tmp_path), "--no-save"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and message in err

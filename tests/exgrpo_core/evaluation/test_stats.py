@@ -1,8 +1,11 @@
 """The comparison statistics on inputs whose answers are known by hand or from tables."""
 
+import itertools
 import math
 
+import numpy as np
 import pytest
+import scipy.stats
 
 from exgrpo_core.evaluation import stats
 
@@ -32,6 +35,59 @@ def test_bootstrap_interval_is_seeded_inside_the_range_and_degenerate_on_constan
     assert t_lo < a[0] and a[1] < t_hi  # percentile bootstrap is narrower than t for 8 values
 
 
+def test_bootstrap_is_scipys_over_seeds_and_flagged_below_eight_seeds():
+    xs = [0.1, -0.05, 0.2, 0.0, 0.15, 0.05, 0.12, -0.02]
+    ci = scipy.stats.bootstrap((np.array(xs),), np.mean, n_resamples=10000, method="percentile",
+                               rng=np.random.default_rng(3)).confidence_interval
+    assert stats.bootstrap_interval(xs, seed=3) == pytest.approx((ci.low, ci.high), abs=1e-12)
+    assert stats.summarise_differences(xs)["boot_few"] is False
+    assert stats.summarise_differences(xs[:7])["boot_few"] is True
+
+
+def test_t_test_and_quantile_far_in_the_tail():
+    # 1 df: the t CDF is 1/2 + atan(t)/pi; [1, 1.001] has mean 1.0005 and standard error 0.0005: t = 2001
+    assert stats.t_test_p([1.0, 1.001]) == pytest.approx(2 / math.pi * math.atan(1 / 2001), rel=1e-6)
+    assert stats.t_quantile(0.9995, 1) == pytest.approx(math.tan(math.pi * 0.4995), rel=1e-9)  # 636.6
+
+
+def _sign_flip_by_enumeration(xs):
+    obs = abs(sum(xs))
+    sums = [abs(sum(s * x for s, x in zip(signs, xs))) for signs in itertools.product((1, -1), repeat=len(xs))]
+    return sum(v >= obs - 1e-12 for v in sums) / len(sums)
+
+
+def test_sign_flip_p_is_exact():
+    assert stats.sign_flip_p([1.0, 2.0, 3.0]) == (pytest.approx(0.25), True)  # only +++ and --- reach |6|
+    assert stats.sign_flip_p([1.0, 2.0, 3.0, 4.0])[0] == pytest.approx(2 / 16)
+    xs = [0.3, -0.1, 0.2, 0.1, 0.05, -0.02, 0.04]
+    assert stats.sign_flip_p(xs)[0] == pytest.approx(_sign_flip_by_enumeration(xs))
+    assert stats.summarise_differences(xs)["p_signflip"] == pytest.approx(_sign_flip_by_enumeration(xs))
+    assert stats.sign_flip_p([0.0, 0.0]) == (1.0, True) and math.isnan(stats.sign_flip_p([0.3])[0])
+
+
+def test_a_null_gives_the_largest_difference_the_interval_allows():
+    s = stats.summarise_differences([0.01, -0.01, 0.004, 0.0])  # mean 0.001, sd by hand below
+    sd = math.sqrt(sum((x - 0.001) ** 2 for x in (0.01, -0.01, 0.004, 0.0)) / 3)
+    half = 3.182446305 * sd / 2  # t(0.975, 3)
+    assert s["verdict"] == "null" and s["half_width"] == pytest.approx(half, rel=1e-6)
+    assert s["bound"] == pytest.approx(0.001 + half, rel=1e-6)
+
+
+def test_censored_pairs_count_a_seed_where_only_one_arm_reached_the_target():
+    nan = math.nan  # (arm time, arm horizon, baseline time, baseline horizon)
+    pairs = {0: (100, 1000, 200, 1000),  # both reached, arm first: +1
+             1: (300, 1000, nan, 1000),  # only the arm: +1 (dropped by a complete-case test)
+             2: (nan, 350, 400, 1000),  # baseline at 400, but the arm stopped at 350: undetermined
+             3: (nan, 1000, nan, 1000),  # neither: 0
+             4: (500, 1000, 250, 1000),  # baseline first: -1
+             5: (100, 1000, nan, 1000)}
+    scores = stats.censored_pair_scores(pairs)
+    assert scores == {0: 1, 1: 1, 2: 0, 3: 0, 4: -1, 5: 1}
+    test = stats.censored_sign_test(scores)
+    assert (test["earlier"], test["later"], test["undetermined"]) == (3, 1, 2)
+    assert test["p"] == pytest.approx(10 / 16)  # 3 of 4 one way: (C(4,0) + C(4,1) + C(4,3) + C(4,4)) / 2^4
+
+
 def test_paired_differences_use_only_matched_finite_seeds():
     arm = {0: 0.5, 1: 0.6, 2: 0.7, 3: float("nan")}
     base = {0: 0.4, 1: 0.65, 3: 0.1, 4: 0.2}
@@ -43,7 +99,7 @@ def test_summary_verdicts():
     assert ahead["verdict"] == "ahead" and ahead["ahead"] == 4 and ahead["t_lo"] > 0
     assert stats.summarise_differences([-0.1, -0.12, -0.09])["verdict"] == "behind"
     noise = stats.summarise_differences([0.1, -0.1, 0.05, -0.04])
-    assert noise["verdict"] == "noise" and noise["t_lo"] < 0 < noise["t_hi"]
+    assert noise["verdict"] == "null" and noise["t_lo"] < 0 < noise["t_hi"]
     assert noise["ahead"] == 2 and noise["behind"] == 2 and noise["mean"] == pytest.approx(0.0025)
     assert stats.summarise_differences([0.3])["verdict"] == "too few seeds"
 

@@ -4,12 +4,14 @@ and reading a finished child back without training it (flows/compare/report.py, 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import uuid
 from pathlib import Path
 
 import pytest
+import scipy.stats
 
 from exgrpo_core import metrics as M
 from exgrpo_core.config.load import load_config
@@ -84,10 +86,16 @@ def test_paired_statistics_against_on_policy_use_matched_seeds_only():
     assert final["differences"] == pytest.approx({"0": 0.1, "1": 0.06, "2": 0.05})
     assert final["verdict"] == "ahead" and final["t_lo"] > 0 and final["arm_mean"] == pytest.approx(0.62)
     assert p["heldout_gain"]["mean"] == pytest.approx(final["mean"])  # equal starts: gain difference = final's
-    reach = p["responses_to_target"]  # seed 1: on_policy never reached -> only seeds 0 and 2
+    reach = p["responses_to_target"]  # seed 1: on_policy never reached -> differences on seeds 0 and 2
     assert reach["n"] == 2 and reach["differences"] == {"0": -320.0, "2": -160.0}
-    # fewer responses to the target is better: both seeds count as ahead (two seeds: the interval holds 0)
-    assert (reach["ahead"], reach["behind"]) == (2, 0) and reach["verdict"] == "noise"
+    # the means are over those two seeds only: (320 + 160) / 2 and (640 + 320) / 2, not over every seed
+    assert reach["arm_mean"] == pytest.approx(240.0) and reach["baseline_mean"] == pytest.approx(480.0)
+    # seed 1 is censored, not dropped: only exgrpo reached the target, so it counts as exgrpo first;
+    # 3 of 3 determined pairs one way: exact sign test p = 2 / 2^3
+    c = reach["censored"]
+    assert (c["earlier"], c["later"], c["only_arm"], c["only_baseline"]) == (3, 0, 1, 0)
+    assert reach["p"] == pytest.approx(0.25) and (reach["ahead"], reach["behind"]) == (3, 0)
+    assert reach["verdict"] == "null" and reach["final_verdict"] == "null (censored sign test p 0.250)"
     clear = compare_stats._lower_is_better(stats.summarise_differences([-300.0, -320.0, -310.0]))
     assert clear["verdict"] == "ahead" and (clear["ahead"], clear["behind"]) == (3, 0) and clear["t_hi"] < 0
     worse = compare_stats._lower_is_better(stats.summarise_differences([300.0, 320.0, 310.0]))
@@ -105,10 +113,12 @@ def test_paired_statistics_against_on_policy_use_matched_seeds_only():
     assert "| exgrpo: mean questions in bucket | 2.5 | 15.0 |" in md  # seeds 0-3: (1+2+3+4)/4, (0+10+20+30)/4
 
 
-def test_noise_is_called_noise():
+def test_a_null_says_how_large_a_difference_the_interval_allows():
     rows = [_row("on_policy", s, v, 0.3, 0.4, 100) for s, v in enumerate((0.5, 0.6, 0.55))]
     rows += [_row("no_policy_shaping", s, v, 0.3, 0.4, 100) for s, v in enumerate((0.55, 0.52, 0.58))]
-    assert compare_stats.paired_stats(rows)["no_policy_shaping"]["heldout_avg"]["verdict"] == "noise"
+    s = compare_stats.paired_stats(rows)["no_policy_shaping"]["heldout_avg"]
+    assert s["verdict"] == "null" and s["final_verdict"] == f"null: |diff| < {s['bound']:.3f} at 95%"
+    assert s["bound"] == pytest.approx(max(-s["t_lo"], s["t_hi"]))
     assert compare_stats.paired_stats([r for r in rows if r["arm"] != "on_policy"]) == {}
 
 
@@ -138,3 +148,40 @@ def test_collapsed_runs_are_counted_and_tested_on_paired_seeds():
     assert c["exgrpo"]["p_mcnemar"] == pytest.approx(2 / 64)
     md = "\n".join(compare_stats.markdown(compare_stats.paired_stats(rows), {}, c))
     assert "| exgrpo | 1 / 7 | 6 | 0 | 6 | 0.031 | fewer collapses |" in md
+
+
+def test_the_verdict_uses_the_holm_p_and_marks_uncorrected_results_as_hints():
+    # final: every seed behind (t-interval excludes 0, p < 0.05); area: noise (p ~ 1), so Holm doubles final's p
+    finals = (-0.010, -0.003, -0.008, 0.000, -0.009, -0.001)
+    areas = (0.01, -0.01, 0.005, -0.004, 0.002, -0.003)
+    rows = [_row("on_policy", s, 0.5, 0.3, 0.4, 100) for s in range(6)]
+    rows += [_row("exgrpo", s, 0.5 + f, 0.3, 0.4 + a, 100) for s, (f, a) in enumerate(zip(finals, areas))]
+    p = compare_stats.paired_stats(rows)["exgrpo"]
+    raw = scipy.stats.ttest_1samp(finals, 0.0).pvalue  # 0.034; Holm over 2 tests with the larger p ~0.9
+    raw_area = scipy.stats.ttest_1samp(areas, 0.0).pvalue
+    assert p["heldout_avg"]["p"] == pytest.approx(raw)
+    assert p["heldout_avg"]["p_holm"] == pytest.approx(max(2 * min(raw, raw_area), 0))
+    assert 0.05 <= 2 * raw and p["heldout_avg"]["verdict"] == "behind"  # significant only before correction
+    assert p["heldout_avg"]["final_verdict"] == (f"hint: behind (uncorrected p {raw:.3f}; "
+                                                 f"Holm p {min(1, 2 * raw):.3f})")
+    assert p["heldout_gain"]["final_verdict"].startswith("hint: behind") and \
+        "not in the corrected family" in p["heldout_gain"]["final_verdict"]
+    md = "\n".join(compare_stats.markdown(compare_stats.paired_stats(rows), {}))
+    assert "| hint: behind (uncorrected p" in md and "\\|diff\\| <" in md
+    assert "p sign-flip" in md and " (n < 8) |" in md  # 6 seeds: the bootstrap interval carries the flag
+    # sign-flip by enumeration: the patterns whose |sum| reaches the observed 0.031 (the 0 flips both ways)
+    sums = [abs(sum(e * f for e, f in zip(signs, finals))) for signs in itertools.product((1, -1), repeat=6)]
+    assert p["heldout_avg"]["p_signflip"] == pytest.approx(sum(v >= 0.031 - 1e-12 for v in sums) / 64)
+
+
+def test_holm_across_comparisons_corrects_over_the_whole_family():
+    tables = {"a": {"x": {"heldout_avg": {"p": 0.01, "verdict": "ahead"}, "heldout_auc": {"p": 0.04, "verdict": "ahead"}}},
+              "b": {"y": {"heldout_avg": {"p": 0.03, "verdict": "ahead"}, "heldout_auc": {"p": 0.5, "verdict": "null",
+                                                                                          "bound": 0.004, "level": 0.95}}}}
+    got = compare_stats.holm_across(tables)
+    # sorted 0.01, 0.03, 0.04, 0.5: x 4, x 3, x 2, x 1 -> 0.04, 0.09, 0.09 (monotone), 0.5
+    assert got == pytest.approx({("a", "x", "heldout_avg"): 0.04, ("b", "y", "heldout_avg"): 0.09,
+                                 ("a", "x", "heldout_auc"): 0.09, ("b", "y", "heldout_auc"): 0.5})
+    assert tables["a"]["x"]["heldout_avg"]["family_verdict"] == "ahead"
+    assert tables["b"]["y"]["heldout_avg"]["family_verdict"].startswith("hint: ahead (uncorrected p 0.030; Holm p 0.090")
+    assert tables["b"]["y"]["heldout_auc"]["family_size"] == 4
