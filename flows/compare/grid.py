@@ -1,6 +1,8 @@
 """A sweep's grid: `--grid 'train.lr=1e-6,3e-6'` (repeatable) x seeds -> one child run per point and seed.
 
-The points are the cartesian product of the --grid values, in the order given. A child is named
+The points are the cartesian product of the --grid values, in the order given. The key `arm` takes
+comparison arms (`--grid arm=on_policy,exgrpo`: each value stands for that arm's overrides, which win
+over the user's; flows/compare/arms.py). A child is named
 `<sweep>-<point>-s<seed>`, the point written as `key-value` pairs (`train.lr-1e-6`; other characters
 become `-`), so the same sweep rerun finds the same runs. No Prefect import here: the CLI checks the
 grid before any server starts.
@@ -12,7 +14,7 @@ import itertools
 import re
 
 from exgrpo_core.config.load import ConfigError, load_config
-from flows.compare.arms import can_evaluate, check_name, parse_seeds
+from flows.compare.arms import ARMS, can_evaluate, check_name, parse_arms, parse_seeds
 from flows.compare.parallel import Child
 
 
@@ -29,6 +31,8 @@ def parse_grid(grid: list[str] | str) -> list[tuple[str, list[str]]]:
             raise ConfigError(f"--grid {item!r}: expected KEY=V1,V2 (e.g. train.lr=1e-6,3e-6)")
         if len(set(vals)) < len(vals):
             raise ConfigError(f"--grid {item!r}: values repeat")
+        if key.strip() == "arm":
+            parse_arms(vals)  # an unknown arm: one line naming the choices
         out.append((key.strip(), vals))
     keys = [k for k, _ in out]
     if len(set(keys)) < len(keys):
@@ -52,6 +56,11 @@ def point_slug(point: list[str]) -> str:
     return "_".join(re.sub(r"[^A-Za-z0-9.]+", "-", o).strip("-") for o in point)
 
 
+def expand_arm(point: list[str]) -> list[str]:
+    """A point's overrides with `arm=<name>` replaced by that comparison arm's overrides."""
+    return [o for x in point for o in (ARMS[x[4:]][0] if x.startswith("arm=") else (x,))]
+
+
 def build_children(preset: str, overrides: list[str] | None, grid: list[str] | str, seeds: list[int] | str,
                    name: str, evaluate: bool) -> list[Child]:
     """Resolved configs of every (grid point, seed), points outer; a bad key or value is a ConfigError now."""
@@ -65,6 +74,7 @@ def build_children(preset: str, overrides: list[str] | None, grid: list[str] | s
     children = []
     for point, slug in zip(points, slugs):
         for seed in parse_seeds(seeds):
-            child = [*(overrides or []), *point, *final_eval, f"run.name={name}-{slug}-s{seed}", f"run.seed={seed}"]
+            child = [*(overrides or []), *expand_arm(point), *final_eval, f"run.name={name}-{slug}-s{seed}",
+                     f"run.seed={seed}"]
             children.append(Child(point_label(point), seed, load_config(preset, child), child))
     return children

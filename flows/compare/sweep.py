@@ -4,7 +4,9 @@
 
 Children (flows/compare/grid.py) are flow runs of the `exgrpo-train` deployment, submitted, awaited and
 read back as a parallel comparison's are (flows/compare/parallel.py); one MLflow parent run holds them nested
-and the report (sweep_<name>.md/.csv/.json and plots) as artifacts.
+and the report (sweep_<name>.md/.csv/.json and plots) as artifacts. A grid of arms (`--grid arm=on_policy,exgrpo`,
+or any other key) crossed with `--grid train.lr=...` and 2+ seeds puts the tuned-per-arm comparison first
+(flows/compare/tuned_report.py): each arm at its own best learning rate, the winner's curse inside the interval.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 from prefect import flow
 
 from exgrpo_core.config.load import load_config
-from flows.compare import parallel as par, report
+from flows.compare import parallel as par, report, tuned_report
 from flows.compare.arms import parse_seeds
 from flows.compare.flow import _find_parent, _target_weights
 from flows.compare.grid import build_children
@@ -54,8 +56,8 @@ def sweep(preset: str = "tiny", grid: list[str] = [], overrides: list[str] | Non
                        tags={"exgrpo.sweep": name, "exgrpo.preset": preset, "exgrpo.grid": " ; ".join(grid)})
     try:
         results = par.run_children(children, target, name, preset, parent.run_id)
-        paths = report.write_report(results, Path(base.run.output_dir).resolve() / name, name,
-                                    _meta(base, preset, grid, overrides, seeds, name, evaluate, target), prefix="sweep")
+        paths = write_sweep_report(results, Path(base.run.output_dir).resolve() / name, name,
+                                   _meta(base, preset, grid, overrides, seeds, name, evaluate, target))
         for path in paths.values():
             parent.mlflow.MlflowClient().log_artifact(parent.run_id, path)
         print(Path(paths["md"]).read_text())
@@ -66,6 +68,17 @@ def sweep(preset: str = "tiny", grid: list[str] = [], overrides: list[str] | Non
         raise
     return {"name": name, "parent_mlflow_run_id": parent.run_id, "files": paths,
             "rows": [r["row"] for r in results]}
+
+
+def write_sweep_report(results: list[dict], out_dir: Path, name: str, meta: dict) -> dict[str, str]:
+    """The sweep's report; when its grid is arms x learning rates x 2+ seeds, the tuned-per-arm section
+    comes first (after the command) and its numbers go to the JSON under `tuned`."""
+    done = [r["row"] for r in results if r["row"].get("status", "finished") == "finished"]
+    tuned = tuned_report.section(done, meta["grid"])
+    if tuned:
+        notes = meta["notes"]
+        meta = {**meta, "tuned": tuned["analysis"], "notes": [*notes[:1], "", *tuned["markdown"], "", *notes[1:]]}
+    return report.write_report(results, out_dir, name, meta, prefix="sweep")
 
 
 def _meta(base, preset: str, grid: list[str], overrides, seeds, name: str, evaluate: bool,
