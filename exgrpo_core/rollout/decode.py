@@ -84,11 +84,39 @@ class GrowLayer(DynamicLayer):
 def survivor_order(done: torch.Tensor) -> torch.Tensor:
     """Rows to keep, as indices: the first len(kept) positions, each finished one among them taking a
     kept row from the tail (swap-remove), so `GrowLayer` copies one row per finished row."""
-    live = int((~done).sum())
-    order = torch.arange(live, device=done.device)
-    holes = torch.nonzero(done[:live]).flatten()
-    order[holes] = torch.nonzero(~done[live:]).flatten() + live
-    return order
+    keep, _, _ = survivor_plan([not d for d in done.tolist()])
+    return torch.tensor(keep, dtype=torch.long, device=done.device)
+
+
+def survivor_plan(running: list[bool]) -> tuple[list[int], list[int], list[int]]:
+    """(keep, holes, fills) on the host: `survivor_order`'s indices, and the kept positions that take a
+    row from the tail (holes[i] <- fills[i]), the only rows a cache copies."""
+    live = sum(running)
+    holes = [i for i in range(live) if not running[i]]
+    fills = [i for i in range(live, len(running)) if running[i]]
+    keep = list(range(live))
+    for h, f in zip(holes, fills):
+        keep[h] = f
+    return keep, holes, fills
+
+
+def compact_cache(cache, keep: torch.Tensor, holes: torch.Tensor, fills: torch.Tensor) -> None:
+    """`cache.batch_select_indices(keep)` with the moved rows known: `GrowLayer`s copy rows fills -> holes
+    and cut the batch (no `nonzero` per layer); other layers select as usual."""
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list):
+        cache.batch_select_indices(keep)
+        return
+    n = keep.numel()
+    for layer in layers:
+        if isinstance(layer, GrowLayer) and layer.k_buf is not None:
+            if holes.numel():
+                layer.k_buf[holes] = layer.k_buf[fills]
+                layer.v_buf[holes] = layer.v_buf[fills]
+            layer.k_buf, layer.v_buf = layer.k_buf[:n], layer.v_buf[:n]
+            layer.keys, layer.values = layer.k_buf[:, :, :layer.filled], layer.v_buf[:, :, :layer.filled]
+        else:
+            layer.batch_select_indices(keep)
 
 
 def growing_cache(cache, reserve: int):
@@ -119,17 +147,23 @@ def filter_logits(x: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return x
 
 
+def draw_uniforms(*shape: int, device=None) -> torch.Tensor:
+    """The sampler's uniforms in [0, 1), float64: 53 random bits, so a token of mass 1e-8 is drawn at its
+    rate (float32 uniforms step by 2^-24 ~ 6e-8)."""
+    return torch.rand(*shape, dtype=torch.float64, device=device)
+
+
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Token j with cdf[j-1] <= u * total < cdf[j] for each row: a draw from `probs` [n, V] given
-    uniforms u [n] in [0, 1). Never an entry of probability 0."""
-    cdf = probs.cumsum(-1)
-    target = (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
-    tok = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
-    bad = probs.gather(-1, tok[:, None]).squeeze(-1) <= 0  # u * total rounded up to the total
-    if bool(bad.any()):
-        last = (probs[bad] > 0).long() * torch.arange(probs.shape[-1], device=probs.device)
-        tok[bad] = last.argmax(-1)
-    return tok
+    """Token j with cdf[j-1] <= u * total < cdf[j] for each row: a draw from `probs` [n, V] (or [1, V]
+    shared by all) given uniforms u [n] in [0, 1). The CDF is summed in float64 (in float32, past a mass
+    of ~0.5 a token under ~3e-8 adds nothing and is never drawn). Never an entry of probability 0, and
+    no host sync: the target is kept below the total, and cdf[j] > cdf[j-1] means probs[j] > 0."""
+    cdf = probs.cumsum(-1, dtype=torch.float64)
+    total = cdf[:, -1:]
+    target = torch.minimum(u.to(torch.float64).reshape(-1, 1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    if probs.shape[0] == 1 and u.numel() != 1:  # one distribution, many draws
+        return torch.searchsorted(cdf[0], target.flatten(), right=True)
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
 
 
 def prefix_prefill(model, prompts: list[list[int]], pad_id: int, min_prefix: int = 2):
@@ -196,19 +230,49 @@ class Sampled:
     """Row-steps computed (rows in the batch summed over steps): the decode work done."""
 
 
+def sample_step(x: torch.Tensor, u: torch.Tensor, *, temperature: float, top_k: int, top_p: float,
+                scores: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(token, its log-prob, entropy) per row of logits x [n, V] (float32) given uniforms u [n]: the
+    processed distribution (logits / temperature, then top-k / top-p), drawn by inverse CDF (temperature
+    0: argmax). `scores=False`: the same token, no numbers (None)."""
+    if scores:
+        if temperature not in (0.0, 1.0):  # 0: greedy (evaluation only), numbers of the plain distribution
+            x = x / temperature
+        x = filter_logits(x, top_k, top_p)
+        logp = torch.log_softmax(x, dim=-1)
+        p = logp.exp()
+        ent = -(p * logp.nan_to_num(neginf=0.0)).sum(-1)
+        tok = x.argmax(-1) if temperature == 0 else inverse_cdf(p, u)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1), ent
+    if temperature == 0:
+        return filter_logits(x, top_k, top_p).argmax(-1), None, None  # (no-op filters at top_k 0, top_p 1)
+    if temperature != 1.0:  # the same operations as above on the way to the token, nothing after it
+        x = x / temperature
+    return inverse_cdf(torch.log_softmax(filter_logits(x, top_k, top_p), dim=-1).exp_(), u), None, None
+
+
+def sdpa_masks(model) -> bool:
+    """Whether the decoder may pass its own 4-D boolean mask (transformers' SDPA attention): transformers then
+    skips building one, and with it a host sync per step (`masking_utils._ignore_causal_mask_sdpa`)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
+
+
 @torch.no_grad()
 def decode(model, ids: torch.Tensor, mask: torch.Tensor, cache, *, temperature: float, top_p: float = 1.0,
            top_k: int = 0, max_new_tokens: int, eos_ids: list[int], pad_id: int, processors=(),
            drop_finished: bool = True, static_cache: bool = True, scores: bool = True,
-           uniforms: torch.Tensor | None = None) -> Sampled:
+           uniforms: torch.Tensor | None = None, compact_every: int = 16) -> Sampled:
     """Sample up to `max_new_tokens` tokens after each left-padded prompt of ids / mask [n, w].
 
     `cache`: the key/value cache of ids[:, :-1] (e.g. a shared prefill), or None to compute it here.
+    `compact_every`: end-of-sequence checks and row compaction run after every this many steps, the only
+    host syncs of the loop (one `nonzero` each); between them finished rows are fed the pad token and
+    their outputs masked, so the samples do not depend on it.
     `drop_finished=False` keeps finished rows in the batch (fed the pad token), as `generate` does:
     the same samples, for tests and benchmarks.
     `scores=False` (evaluation) computes tokens only (no entropy, no log-prob gathering): the same tokens,
     log-probs and entropies returned as zeros.
-    `uniforms` [max_new_tokens, n]: the uniforms of each step (row t = what `torch.rand(n)` would draw
+    `uniforms` [max_new_tokens, n]: the uniforms of each step (row t = what `draw_uniforms(n)` would draw
     at step t; `streams` draws them for the whole batch and passes each part its columns); None: drawn here.
     """
     n, w = ids.shape
@@ -226,54 +290,47 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, cache, *, temperature: 
     ents = torch.zeros(n, max_new_tokens, device=device)
     seq = torch.cat([ids, torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)], 1)
     att = torch.cat([mask.long(), torch.ones(n, max_new_tokens, dtype=torch.long, device=device)], 1)
+    own_mask = sdpa_masks(model)
+    if own_mask:
+        att = att.bool()[:, None, None, :]  # [n, 1, 1, w + T]: what transformers builds for one query token
     pos = mask.long().sum(-1) - 1  # [n] position of each row's last prompt token
     rows = torch.arange(n, device=device)  # live rows (indices into the batch)
-    running = torch.ones(n, dtype=torch.bool, device=device)  # only used when rows are kept
+    running = torch.ones(n, dtype=torch.bool, device=device)  # rows not yet finished, among `rows`
+    every = max(1, int(compact_every))
     row_steps, steps = 0, 0
     for t in range(max_new_tokens):
         live = rows.numel()
         row_steps += live
         steps = t + 1
-        out = model(input_ids=seq[:, w - 1 + t:w + t], attention_mask=att[:, :w + t], position_ids=pos[:, None],
+        out = model(input_ids=seq[:, w - 1 + t:w + t], attention_mask=att[..., :w + t], position_ids=pos[:, None],
                     use_cache=True, **{kw: cache}, **keep1)
         cache = cache_of(out)
         x = out.logits[:, -1].float()  # [live, V]
         for proc in processors:
             x = proc(seq[:, :w + t], x)
-        u = (torch.rand(n, device=device) if uniforms is None else uniforms[t])[rows]  # every row's, live or not
-        if scores:
-            if temperature not in (0.0, 1.0):  # 0: greedy (evaluation only), numbers of the plain distribution
-                x = x / temperature
-            x = filter_logits(x, top_k, top_p)
-            logp = torch.log_softmax(x, dim=-1)
-            p = logp.exp()
-            ent = -(p * logp.nan_to_num(neginf=0.0)).sum(-1)
-            tok = x.argmax(-1) if temperature == 0 else inverse_cdf(p, u)
-        elif temperature == 0:
-            tok = filter_logits(x, top_k, top_p).argmax(-1)  # (no-op filters at top_k 0, top_p 1)
-        else:  # the same operations as above on the way to the token, nothing after it
-            if temperature != 1.0:
-                x = x / temperature
-            tok = inverse_cdf(torch.log_softmax(filter_logits(x, top_k, top_p), dim=-1).exp_(), u)
-        if not drop_finished:
-            tok = torch.where(running, tok, pad_id)
+        u = (draw_uniforms(n, device=device) if uniforms is None else uniforms[t])[rows]  # every row's, live or not
+        tok, logp, ent = sample_step(x, u, temperature=temperature, top_k=top_k, top_p=top_p, scores=scores)
+        tok = torch.where(running, tok, pad_id)
         tokens[rows, t] = tok
         if scores:
-            logps[rows, t] = torch.where(running, logp.gather(-1, tok[:, None]).squeeze(-1), 0.0)
+            logps[rows, t] = torch.where(running, logp, 0.0)
             ents[rows, t] = torch.where(running, ent, 0.0)
         seq[:, w + t] = tok
         pos = pos + 1
-        done = torch.isin(tok, eos) & running
-        if not drop_finished:
-            running = running & ~done
-            if not bool(running.any()):
-                break
+        running = running & ~(tok[:, None] == eos).any(-1)
+        if steps % every and steps < max_new_tokens:
+            continue  # no host sync between compactions
+        alive = torch.nonzero(running).flatten().tolist()  # the one host sync of a compaction
+        if not alive:
+            break
+        if not drop_finished or len(alive) == live:
             continue
-        if bool(done.any()):
-            if bool(done.all()):
-                break
-            keep = survivor_order(done)
-            rows, seq, att, pos = rows[keep], seq[keep], att[keep], pos[keep]
-            running = running[keep]
-            cache.batch_select_indices(keep)
+        flags = [False] * live
+        for r in alive:
+            flags[r] = True
+        keep, holes, fills = survivor_plan(flags)
+        keep = torch.tensor(keep, dtype=torch.long, device=device)
+        rows, seq, att, pos, running = rows[keep], seq[keep], att[keep], pos[keep], running[keep]
+        compact_cache(cache, keep, torch.tensor(holes, dtype=torch.long, device=device),
+                      torch.tensor(fills, dtype=torch.long, device=device))
     return Sampled(tokens[:, :steps], logps[:, :steps], ents[:, :steps], row_steps)

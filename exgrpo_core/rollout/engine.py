@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from exgrpo_core.rollout.decode import Sampled, decode, prefix_prefill
+from exgrpo_core.rollout.decode import Sampled, decode, draw_uniforms, prefix_prefill
 from exgrpo_core.rollout.packed import packed_linears
 from exgrpo_core.training import fsdp
 from exgrpo_core.training.forward_parts import cache_kw, copied_prompt_cache
@@ -75,6 +75,8 @@ class TransformersEngine:
         # (rollout/packed.py); "torch": torch's own product (`rollout.decode_matmul`)
         self.packed_layers = 0  # layers the last `generate` call multiplied on packed weights
         self.row_steps = 0  # decode row-steps computed so far (rows in a forward, summed over steps)
+        self.compact_every = 16  # (own) end-of-sequence checks and row compaction every this many steps
+        # (`rollout.decode_compact_every`): the decode loop's only host syncs
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int | list[int], *, temperature: float,
@@ -119,7 +121,8 @@ class TransformersEngine:
         return decode(self.model, ids, mask, cache, temperature=temperature, top_p=self.top_p,
                       max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
                       processors=self.logits_processors, drop_finished=self.drop_finished,
-                      static_cache=self.static_cache, scores=self.scores, uniforms=uniforms)
+                      static_cache=self.static_cache, scores=self.scores, uniforms=uniforms,
+                      compact_every=self.compact_every)
 
     def _decode_streams(self, prompts: list[list[int]], parts: list[tuple[int, int]], temperature: float,
                         max_new_tokens: int) -> Sampled:
@@ -130,7 +133,7 @@ class TransformersEngine:
         is left where one batch would leave it (steps x n draws): the same samples as one stream."""
         n, per_part = len(prompts), max(1, torch.get_num_threads() // len(parts))
         state = torch.get_rng_state()
-        uniforms = torch.rand(max_new_tokens, n)  # row t = the torch.rand(n) of step t (tested)
+        uniforms = draw_uniforms(max_new_tokens, n)  # row t = the draw_uniforms(n) of step t (tested)
         out: list[Sampled | BaseException | None] = [None] * len(parts)
 
         def work(i: int, lo: int, hi: int) -> None:
@@ -153,7 +156,7 @@ class TransformersEngine:
                 raise r
         steps = max(r.tokens.shape[1] for r in out)
         torch.set_rng_state(state)
-        torch.rand(steps * n)  # advance the stream as one batch of `steps` steps would have
+        draw_uniforms(steps * n)  # advance the stream as one batch of `steps` steps would have
         pad = lambda x, v: torch.nn.functional.pad(x, (0, steps - x.shape[1]), value=v)  # noqa: E731
         return Sampled(torch.cat([pad(r.tokens, self.pad_id) for r in out]),
                        torch.cat([pad(r.logprobs, 0.0) for r in out]),

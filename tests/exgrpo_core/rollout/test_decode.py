@@ -41,7 +41,9 @@ def _sample(engine, seed, n=6, max_new_tokens=12, temperature=1.0, **settings):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_dropping_finished_rows_keeps_every_sample_and_saves_their_steps(engine, seed, temperature):
     kept, kept_steps = _sample(engine, seed, temperature=temperature, drop_finished=False)
-    dropped, dropped_steps = _sample(engine, seed, temperature=temperature)
+    dropped, dropped_steps = _sample(engine, seed, temperature=temperature, compact_every=1)
+    batched, batched_steps = _sample(engine, seed, temperature=temperature, compact_every=4)
+    assert [g.response_ids for g in batched] == [g.response_ids for g in dropped]  # compaction every 4 steps
     assert [g.response_ids for g in dropped] == [g.response_ids for g in kept]
     assert [g.truncated for g in dropped] == [g.truncated for g in kept]
     for a, b in zip(dropped, kept):
@@ -50,6 +52,7 @@ def test_dropping_finished_rows_keeps_every_sample_and_saves_their_steps(engine,
     lengths = [len(g.response_ids) for g in kept]
     assert min(lengths) < max(lengths), "some rows must end early for this test to mean anything"
     assert dropped_steps == sum(lengths) < kept_steps == len(kept) * max(lengths)
+    assert dropped_steps <= batched_steps <= kept_steps  # finished rows ride along up to 3 steps
 
 
 @pytest.mark.parametrize("seed", [0, 3])
