@@ -76,7 +76,7 @@ def _preflight(cfg, run_dir: Path) -> None:
     from exgrpo_core.store.experience_store import resolve_db_url
     from flows.tracking import check_server
 
-    from exgrpo_core.run.session import check_context
+    from exgrpo_core.run.session import check_context, check_database
 
     check_context(cfg)  # prompt + response must fit the model's positions (read from its config)
     questions = data.load_questions(
@@ -98,8 +98,8 @@ def _preflight(cfg, run_dir: Path) -> None:
     if uri:
         check_server(uri)  # a server must answer; the default local store is created by the flow
     lock_run(run_dir, cfg.run.name, db_url)  # a second process on this run is refused here
-    if cfg.run.resume != "never":
-        checkpoint.resume_point(run_dir)  # a damaged checkpoint: set aside with a warning, or one line
+    if cfg.run.resume != "never":  # a damaged checkpoint: set aside with a warning, or one line; a lost
+        check_database(checkpoint.resume_point(run_dir), db_url)  # database (the run missing or behind it): one line
     from flows.train_params import AlreadyFinishedError, finished_run
 
     if done := finished_run(cfg):  # rerunning a finished run would train nothing: say so, exit 2

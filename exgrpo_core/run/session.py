@@ -27,7 +27,7 @@ from exgrpo_core.data import questions as data
 from exgrpo_core.models import load as models
 from exgrpo_core.reward.grading import MathVerifier
 from exgrpo_core.rollout.engine import TransformersEngine
-from exgrpo_core.run import allocator, checkpoint, locks, reuse
+from exgrpo_core.run import allocator, checkpoint, locks, reuse, sharded_start
 from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 from exgrpo_core.training import distributed as D, fsdp
 from exgrpo_core.training.team import Team, Worker, serve
@@ -105,6 +105,7 @@ def open_session(cfg: ExGRPOConfig, verify: Verify | None = None) -> Session:
             raise ResumeError(f"run.resume=must but {run_dir} has no checkpoint to resume from")
         if cfg.run.resume == "never" and checkpoint.latest_checkpoint(run_dir) is not None:
             raise ResumeError(f"{run_dir} already holds checkpoints; pick another run.name or use run.resume=auto")
+        check_database(ckpt, db_url)  # before the model loads: a deleted or replaced database is one line
         session = _open(cfg, verify, run_dir, ckpt, db_url)
     except BaseException:
         allocator.use(previous_malloc)
@@ -156,6 +157,34 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
     if warm:  # once per run: a run seeded before (killed before its first checkpoint) is not seeded again
         store.seed_pool(run_id, warm["exports"], warm["record"])
     return session
+
+
+def check_database(ckpt: Path | None, db_url: str) -> None:
+    """Refuse to resume from `ckpt` when the experience database lacks its run, or stores it below the
+    checkpoint's step (a deleted or replaced database): one ResumeError line naming both and the fixes."""
+    if ckpt is None:
+        return
+    from exgrpo_core.store.engine import mask_url, parse_url
+
+    path = Path(ckpt) / checkpoint.STATE_FILE
+    try:  # memory-mapped: the optimiser's tensors are not read
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except RuntimeError:
+        state = checkpoint.load_trainer_state(ckpt)
+    step, run_id = state["step"], state["loop"]["run_id"]
+    url = parse_url(db_url)
+    file = url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:")
+    row = None
+    if not file or Path(url.database).expanduser().is_file():  # a missing SQLite file is not created here
+        with ExperienceStore(db_url) as store:
+            row = store.get_run(run_id)
+    if row is not None and row["step"] >= step:
+        return
+    found = "has no such run" if row is None else f"stores it only up to step {row['step']}"
+    raise ResumeError(
+        f"checkpoint {ckpt.name} is step {step} of run {run_id}, but the experience database {mask_url(url)} "
+        f"{found} (deleted or replaced?): point run.db_url at the database this run trained with, or move "
+        f"{ckpt.parent} aside to start the run again")
 
 
 def _usable(questions: list[Question], verifier: MathVerifier, where: dict[str, str]) -> list[Question]:
@@ -262,11 +291,24 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     source = str(ckpt) if ckpt else cfg.model.name_or_path
-    model, tokenizer = models.load_policy(source, dtype=master_dtype(cfg, accelerator),
-                                          tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed,
-                                          warm_start=cfg.model.warm_start.model_dump(),
-                                          hf_overrides=cfg.model.hf_overrides)
-    if cfg.model.gradient_checkpointing:  # transformers 5 renamed it (the old name warns)
+    sharded = cfg.train.sharding == "fsdp2"
+    if sharded:  # FSDP2 before the optimiser, which must see the sharded parameters; no DDP wrapper
+        world = D.topology().world
+        try:  # HSDP: replicate across machines, shard within one
+            shape = fsdp.mesh_shape(cfg.train.hsdp, world, fsdp.local_world_size(world), cfg.train.shard_size)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        model, tokenizer = sharded_start.load_sharded_policy(  # meta, sharded, filled: no whole copy per process
+            source, device=accelerator.device, bf16=accelerator.mixed_precision == "bf16", shape=shape,
+            dtype=master_dtype(cfg, accelerator), cpu_offload=cfg.train.cpu_offload, tiny=cfg.model.tiny.model_dump(),
+            seed=cfg.run.seed, warm_start=cfg.model.warm_start.model_dump(), hf_overrides=cfg.model.hf_overrides,
+            gradient_checkpointing=cfg.model.gradient_checkpointing)
+    else:
+        model, tokenizer = models.load_policy(source, dtype=master_dtype(cfg, accelerator),
+                                              tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed,
+                                              warm_start=cfg.model.warm_start.model_dump(),
+                                              hf_overrides=cfg.model.hf_overrides)
+    if cfg.model.gradient_checkpointing and not sharded:  # transformers 5 renamed it (the old name warns)
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     ref_model = None
     if cfg.loss.kl_coef > 0:
@@ -275,17 +317,8 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
                                           warm_start=cfg.model.warm_start.model_dump(),
                                           hf_overrides=cfg.model.hf_overrides)
         ref_model.eval().requires_grad_(False)
-    if cfg.rollout.engine == "vllm":  # vLLM loads the starting weights from a folder: write it before sharding
+    if cfg.rollout.engine == "vllm":  # vLLM loads the starting weights from a folder
         source = _vllm_base(model, tokenizer, source, run_dir)
-    sharded = cfg.train.sharding == "fsdp2"
-    if sharded:  # FSDP2 before the optimiser, which must see the sharded parameters; no DDP wrapper
-        world = D.topology().world
-        try:  # HSDP: replicate across machines, shard within one
-            shape = fsdp.mesh_shape(cfg.train.hsdp, world, fsdp.local_world_size(world), cfg.train.shard_size)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        model = fsdp.shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16",
-                                 cpu_offload=cfg.train.cpu_offload, shape=shape)
     optimizer = adamw(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     if not sharded:
         model, optimizer = accelerator.prepare(model, optimizer)
@@ -365,8 +398,9 @@ def _vllm_base(model, tokenizer, source: str, run_dir: Path) -> str:
     if Path(source).is_dir() and not checkpoint.has_weight_shards(source):
         return source
     path = run_dir / "vllm_base"
+    state = fsdp.full_model_state(model) if fsdp.is_sharded(model) else None  # FSDP2: every process gathers
     if D.topology().is_main and not (path / "config.json").exists():
-        model.save_pretrained(path)
+        model.save_pretrained(path, state_dict=state)
         tokenizer.save_pretrained(path)
     D.barrier()
     return str(path)

@@ -81,6 +81,7 @@ def test_session_resumes_from_the_older_checkpoint_when_the_latest_is_truncated(
     s = open_session(cfg, verify=never)
     for step in (1, 2):
         s.step = step
+        s.store.update_run(s.run_id, step=step - 1)  # as the step's log does before its checkpoint
         s.save()
     s.close()
     _truncate(s.run_dir / "checkpoints" / "step_000002" / "model.safetensors")  # the latest: 2 steps done

@@ -83,6 +83,7 @@ def test_a_resumed_run_keeps_its_checkpoint_until_a_newer_one_is_complete(tmp_pa
     never = lambda texts, answers: [(0.0, "wrong")] * len(texts)  # noqa: E731
     s = open_session(cfg, verify=never)
     s.step = 2  # two steps completed
+    s.store.update_run(s.run_id, step=1)  # as the step's log does before its checkpoint
     s.save()
     s.close()
     s = open_session(cfg, verify=never)
