@@ -193,7 +193,7 @@ def final(seeds: list[int], stopped: str | None) -> int:
     unless `stopped` says why the grid stopped for good."""
     from benchmarks.learning import lr_grid_report
 
-    cells = {r: seed_archive.load_existing(cell_name(r)) for r in RATES
+    cells = {r: seed_archive.load_existing(cell_name(r), RESULTS) for r in RATES
              if (RESULTS / f"arith_compare_{cell_name(r)}_seeds.json").exists()}
     complete = [s for s in seeds if len(cells) == len(RATES) and all(str(s) in a["seeds"] for a in cells.values())]
     if len(complete) < len(seeds) and not stopped:
@@ -203,8 +203,8 @@ def final(seeds: list[int], stopped: str | None) -> int:
     if len(complete) < 2:
         print(f"error: {len(complete)} complete seed blocks; the analysis needs at least 2", file=sys.stderr)
         return 2
-    result = lr_grid_report.write(cells, RATES, ARMS, complete, planned=len(seeds), stopped=stopped)
-    save_result("lr_grid_prereg.json", result)
+    result = lr_grid_report.write(cells, RATES, ARMS, complete, planned=len(seeds), stopped=stopped, out=RESULTS)
+    save_result("lr_grid_prereg.json", lr_grid_report.finite(result))
     print((RESULTS / "lr_grid_prereg.md").read_text())
     return 0
 

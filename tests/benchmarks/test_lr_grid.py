@@ -1,0 +1,97 @@
+"""The pre-registered grid's driver (benchmarks/learning/lr_grid.py): the reuse check and import, the
+refusal to analyse before all planned seeds, and its report (benchmarks/learning/lr_grid_report.py)
+on synthetic archives, without training."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks.learning import lr_grid, lr_grid_report
+from exgrpo_core.evaluation import tuned
+
+START = "tiny-sft sha256:abc"
+
+
+def _run(arm: str, seed: int, area: float) -> dict:
+    curve = [0.3, area, area + 0.05]
+    return {"row": {"arm": arm, "seed": seed, "heldout": {"arith-test": curve[-1]}, "heldout_avg": curve[-1],
+                    "heldout_start": 0.3, "heldout_auc": area},
+            "curves": {"heldout_step": [-1, 49, 99], "heldout_pass1": curve, "heldout_responses": [0.0, 3200.0, 6400.0]},
+            "questions": {"last": {"q1": [1, 0, 1, 1]}}}
+
+
+def _area(rate_index: int, arm: str, seed: int) -> float:
+    top = 2 if arm == "on_policy" else 1  # on-policy is best at 1e-4, ExGRPO at 5.5e-5, 0.01 higher
+    return 0.45 + (0.01 if arm == "exgrpo" else 0) - 0.03 * abs(rate_index - top) + 0.004 * ((seed * 7 + rate_index) % 3)
+
+
+def _cells(seeds: list[int], arms=("on_policy", "exgrpo", "rho_0.25")) -> dict:
+    return {x: {"name": lr_grid.cell_name(x), "fingerprint": lr_grid.fingerprint(x, START),
+                "seeds": {str(s): {"commit": "c0ffee1", "results": [_run(a, s, _area(j, a, s)) for a in arms]}
+                          for s in seeds}}
+            for j, x in enumerate(lr_grid.RATES)}
+
+
+def test_the_reuse_check_names_every_held_out_value_that_differs():
+    a = _cells([0])["3e-5"]["seeds"]["0"]
+    assert lr_grid.heldout_differences(a, copy.deepcopy(a)) == []
+    b = copy.deepcopy(a)
+    b["results"][1]["curves"]["heldout_pass1"][1] += 2 ** -10  # one evaluation, one sample in 1024
+    b["results"][0]["questions"]["last"]["q1"][0] = 0
+    assert lr_grid.heldout_differences(a, b) == ["on_policy: per-question results", "exgrpo: heldout_pass1"]
+    b["results"] = b["results"][:1]
+    assert "exgrpo: missing" in lr_grid.heldout_differences(a, b)
+
+
+def test_a_source_is_imported_only_for_the_grid_arms_and_tagged():
+    cell = {"seeds": {"0": {"results": []}}}
+    source = {**_cells([0, 1, 2])["3e-5"], "name": "af-x"}
+    assert lr_grid.import_source(cell, source, [0, 1, 2, 5]) == [1, 2]
+    assert [r["row"]["arm"] for r in cell["seeds"]["1"]["results"]] == ["on_policy", "exgrpo"]
+    assert cell["seeds"]["2"]["reused_from"] == "af-x" and cell["seeds"]["0"] == {"results": []}
+
+
+def test_a_source_with_another_start_model_rate_or_override_is_refused():
+    src = {"fingerprint": {"preset": "arith-fast", "arms": ["on_policy", "exgrpo"], "overrides": ["train.lr=0.00003"],
+                           "start_model": START}}
+    assert lr_grid.source_problems(src, "3e-5", START) == []
+    assert lr_grid.source_problems(src, "1e-4", START) == ["its learning rate is not 1e-4"]
+    assert "is not today's" in lr_grid.source_problems(src, "3e-5", "tiny-sft sha256:other")[0]
+    src["fingerprint"]["overrides"].append("buffer.replay_ratio=0.25")
+    assert "change more than the learning rate" in lr_grid.source_problems(src, "3e-5", START)[0]
+
+
+def test_final_is_refused_before_every_planned_seed_is_in(tmp_path, monkeypatch, capsys):
+    cells = _cells([0, 1, 2], arms=("on_policy", "exgrpo"))
+    del cells["3.2e-4"]["seeds"]["2"]
+    for c in cells.values():
+        (tmp_path / f"arith_compare_{c['name']}_seeds.json").write_text(json.dumps(c))
+    monkeypatch.setattr(lr_grid, "RESULTS", tmp_path)
+    assert lr_grid.main(["--final", "--seeds", "0-2"]) == 2
+    err = capsys.readouterr().err
+    assert "2 of 3 planned seed blocks are complete" in err and "Traceback" not in err
+    assert not (tmp_path / "lr_grid_prereg.md").exists()
+
+
+def test_the_report_leads_with_the_pre_registered_verdict(tmp_path):
+    seeds = list(range(6))
+    cells = _cells(seeds, arms=("on_policy", "exgrpo"))
+    cells["3e-5"]["reuse"] = {"source": "af-slow", "ok": True}
+    rec = lr_grid_report.write(cells, lr_grid.RATES, lr_grid.ARMS, seeds, planned=24, stopped="time", out=tmp_path)
+    m = lr_grid_report.matrices(cells, lr_grid.RATES, lr_grid.ARMS, seeds)
+    expect = tuned.tuned_bootstrap(m["grids"]["exgrpo"]["area"], m["grids"]["on_policy"]["area"])
+    got = rec["analysis"]["arms"]["exgrpo"]["primary"]
+    assert (got["best_a"], got["best_b"]) == (1, 2) and got["diff"] == pytest.approx(expect["diff"])
+    assert (got["lo"], got["hi"]) == pytest.approx((expect["lo"], expect["hi"]))
+    md = (tmp_path / "lr_grid_prereg.md").read_text().splitlines()
+    assert md[2].startswith(f"**Verdict: {got['verdict']}.** Tuned-per-arm area difference {got['diff']:+.4f}")
+    assert "6 of 24 planned seeds; stopped early: time" in md[2] and "lr 3e-5 from af-slow: reused" in md[4]
+    assert (tmp_path / "lr_grid_prereg_curves.png").read_bytes()[:4] == b"\x89PNG"
+    curves = lr_grid_report.mean_curves(cells, lr_grid.RATES, lr_grid.ARMS, seeds)
+    assert curves["exgrpo"]["1e-4"][0] == [0, 50, 100]
+    assert curves["exgrpo"]["1e-4"][1][1] == pytest.approx(np.mean([_area(2, "exgrpo", s) for s in seeds]))
+    json.dumps(lr_grid_report.finite(rec), allow_nan=False)  # strict JSON
