@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -133,14 +135,27 @@ def counts_line(archives: dict[str, dict], seeds: list[int]) -> str:
 
 
 def code_state() -> dict:
-    """The code this process trains on: HEAD plus the shared tree's uncommitted changes to tracked files
-    (their names and the SHA-256 of `git diff HEAD`), read once at start, before the modules load."""
+    """The code this process trains on: HEAD plus the shared tree's uncommitted changes (names, the SHA-256
+    of `git diff HEAD`, untracked .py/.yaml files), read once at start, before the modules load; the diff
+    and the untracked files are kept in runs/lr_grid_code/<head>-<diff sha>.tar.gz."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout
 
     diff = git("diff", "HEAD")
-    return {"head": seed_archive.commit(), "uncommitted": git("diff", "--name-only", "HEAD").split(),
-            "diff_sha256": hashlib.sha256(diff.encode()).hexdigest()}
+    untracked = [f for f in git("ls-files", "--others", "--exclude-standard").split() if f.endswith((".py", ".yaml"))]
+    state = {"head": seed_archive.commit(), "uncommitted": git("diff", "--name-only", "HEAD").split(),
+             "untracked": untracked, "diff_sha256": hashlib.sha256(diff.encode()).hexdigest()}
+    snapshot = ROOT / "runs" / "lr_grid_code" / f"{state['head']}-{state['diff_sha256'][:12]}.tar.gz"
+    snapshot.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(snapshot, "w:gz") as tar:  # the uncommitted code itself: HEAD + this rebuilds the tree
+        body = diff.encode()
+        info = tarfile.TarInfo("uncommitted.diff")
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+        for f in untracked:
+            tar.add(ROOT / f, arcname=f"untracked/{f}")
+    state["snapshot"] = str(snapshot.relative_to(ROOT))
+    return state
 
 
 def load_cells(start: str) -> dict[str, dict]:
