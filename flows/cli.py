@@ -50,12 +50,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not os.environ.get("PREFECT_API_URL"):
             console.print("starting Prefect's ephemeral API (set PREFECT_API_URL to use a server)...")
         from flows.prefect_api import serve_prefect_api
-
         serve_prefect_api()  # before Prefect is imported; its API dies with this process (issue 16, item 6)
+        from exgrpo_core.config.redact import hide
         from flows import train as train_flow
 
         train_flow.PROGRESS.append(_progress_line)
-        summary = train_flow.train(preset=cfg.preset, config=cfg)
+        summary = train_flow.train(preset=cfg.preset, config=hide(cfg))  # Prefect records no password
     except BaseException:
         from exgrpo_core.run.locks import remove_failed_start
 

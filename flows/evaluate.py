@@ -1,7 +1,7 @@
 """Prefect evaluation flow: a model, a checkpoint, or a training run's latest checkpoint on benchmark suites.
 
 A checkpoint of a training run attaches its results to that run (database run id and MLflow run,
-at the checkpoint's step); a bare model (`model` or the config's `model.name_or_path`) gets an
+at the checkpoint's step; the MLflow run is not reopened, so its status and end time stay); a bare model (`model` or the config's `model.name_or_path`) gets an
 evaluation-only run `eval-<model>` in both. Settings come from the config's `eval` section.
 """
 
@@ -16,6 +16,7 @@ import torch
 from prefect import flow
 
 from exgrpo_core.config.load import ConfigError, load_config
+from exgrpo_core.config.redact import masked_config
 from exgrpo_core.config.schema import ExGRPOConfig
 from exgrpo_core.models import load as models
 from exgrpo_core.reward.grading import MathVerifier
@@ -87,7 +88,7 @@ def evaluate(preset: str = "tiny", overrides: list[str] | None = None, model: st
         run_id = _db_run(store, cfg, target)
         tags = {"exgrpo.run_id": run_id, "exgrpo.kind": "evaluate" if target.run_id is None else "train"}
         tracker = MlflowRun(cfg.model_copy(update={"run": cfg.run.model_copy(update={"name": target.label})}),
-                            target.mlflow_run_id, tags=tags)
+                            target.mlflow_run_id, tags=tags, reopen=False)  # a training run keeps its end
         if target.run_id is None:
             store.update_run(run_id, mlflow_run_id=tracker.run_id)
         previous_malloc = allocator.use(cfg.run.malloc)
@@ -123,7 +124,7 @@ def _db_run(store: ExperienceStore, cfg: ExGRPOConfig, target: Target) -> str:
                              "run.db_url to the database the run trained with")
         return target.run_id
     run_id = uuid.uuid4().hex
-    store.start_run(run_id, target.label, cfg.preset, {"evaluate": target.source, **cfg.model_dump(mode="json")},
+    store.start_run(run_id, target.label, cfg.preset, {"evaluate": target.source, **masked_config(cfg)},
                     cfg.rollout.group_size)
     store.update_run(run_id, status="finished", step=0)
     return run_id

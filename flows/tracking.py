@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -27,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from exgrpo_core.config.load import flatten
+from exgrpo_core.config.redact import mask_text, masked, masked_config
 from exgrpo_core.config.schema import ExGRPOConfig
 from exgrpo_core.run.locks import file_lock
 
@@ -95,8 +97,10 @@ class MlflowRun:
     """Owns the MLflow run of one training flow run (created, or continued on resume)."""
 
     def __init__(self, cfg: ExGRPOConfig, run_id: str | None, tags: dict[str, str],
-                 parent_run_id: str | None = None):
-        """`parent_run_id` nests a new run under that run (a comparison's parent; it may be active)."""
+                 parent_run_id: str | None = None, reopen: bool = True):
+        """`parent_run_id` nests a new run under that run (a comparison's parent; it may be active).
+        `reopen=False` records into the existing run `run_id` without reopening it: its status and end
+        time stay as they are (`end` does nothing), as for an evaluation of a finished training run."""
         import mlflow
 
         self.mlflow = mlflow
@@ -117,15 +121,22 @@ class MlflowRun:
             elif EXPERIMENT_KIND_TAG not in experiment.tags:  # made before the tag existed: a training one too
                 mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
             self.experiment_id = mlflow.set_experiment(cfg.run.mlflow_experiment).experiment_id
-        self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else cfg.run.name, tags=tags,
-                                    nested=parent_run_id is not None,
-                                    parent_run_id=None if run_id else parent_run_id)
-        self.run_id = self.run.info.run_id
+        self.attached = bool(run_id) and not reopen
+        if self.attached:
+            self.run = mlflow.MlflowClient().get_run(run_id)
+            self.run_id = run_id
+            for k, v in tags.items():
+                mlflow.MlflowClient().set_tag(run_id, k, str(v))
+        else:
+            self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else cfg.run.name, tags=masked(tags),
+                                        nested=parent_run_id is not None,
+                                        parent_run_id=None if run_id else parent_run_id)
+            self.run_id = self.run.info.run_id
         self._logged = self._logged_points() if run_id else set()
         if run_id is None:
-            params = {k: ("None" if v is None else str(v))[:6000] for k, v in flatten(cfg).items()}
+            params = {k: ("None" if v is None else str(v))[:6000] for k, v in masked(flatten(cfg)).items()}
             mlflow.log_params(params)
-            self.log_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), "config.yaml")
+            self.log_text(yaml.safe_dump(masked_config(cfg), sort_keys=False), "config.yaml")
 
     def _logged_points(self) -> set[tuple[str, int]]:
         """(metric, step) pairs the continued run already holds (a resume replays the steps after its
@@ -140,25 +151,39 @@ class MlflowRun:
         timings aside)."""
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)
                  and (k, step) not in self._logged}
-        if clean:
+        if not clean:
+            return
+        if self.attached:
+            from mlflow.entities import Metric
+
+            now = int(time.time() * 1000)
+            self.mlflow.MlflowClient().log_batch(self.run_id, [Metric(k, v, now, step) for k, v in clean.items()])
+        else:
             self.mlflow.log_metrics(clean, step=step)
-            self._logged.update((k, step) for k in clean)
+        self._logged.update((k, step) for k in clean)
 
     def log_text(self, text: str, name: str) -> None:
-        self.mlflow.log_text(text, name)
+        if self.attached:
+            self.mlflow.MlflowClient().log_text(self.run_id, text, name)
+        else:
+            self.mlflow.log_text(text, name)
 
     def log_json(self, obj: dict, name: str) -> None:
         self.log_text(json.dumps(obj, indent=2, default=str), name)
 
     def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
         """Upload every file under local_dir (evaluation tables, plots) into artifact_path."""
-        self.mlflow.log_artifacts(str(local_dir), artifact_path)
+        if self.attached:
+            self.mlflow.MlflowClient().log_artifacts(self.run_id, str(local_dir), artifact_path)
+        else:
+            self.mlflow.log_artifacts(str(local_dir), artifact_path)
 
     def end(self, status: str = "FINISHED") -> None:
-        self.mlflow.end_run(status=status)
+        if not self.attached:  # a run recorded into without reopening keeps its own status and end time
+            self.mlflow.end_run(status=status)
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self.mlflow.set_tags({k: str(v)[:5000] for k, v in tags.items() if v is not None})
+        self.mlflow.set_tags({k: mask_text(str(v))[:5000] for k, v in tags.items() if v is not None})
 
     @property
     def ui_base(self) -> str:

@@ -9,7 +9,6 @@ engine); rank 0 also opens the store and runs the flow, the others call `run_fol
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import uuid
@@ -22,6 +21,7 @@ import torch
 
 from exgrpo_core.algorithm.sampler import FreshSampler
 from exgrpo_core.config.load import ConfigError
+from exgrpo_core.config.redact import masked_config
 from exgrpo_core.config.schema import ExGRPOConfig
 from exgrpo_core.data import questions as data
 from exgrpo_core.models import load as models
@@ -134,7 +134,7 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
     store = ExperienceStore(db_url)
     state = checkpoint.load_trainer_state(ckpt) if ckpt else None
     run_id, unfinished = (state["loop"]["run_id"], None) if state else _unfinished_run(cfg, store)
-    store.start_run(run_id, cfg.run.name, cfg.preset, json.loads(cfg.model_dump_json()), cfg.rollout.group_size)
+    store.start_run(run_id, cfg.run.name, cfg.preset, masked_config(cfg), cfg.rollout.group_size)  # no credentials
     store.register_questions(run_id, questions)
 
     session = Session(

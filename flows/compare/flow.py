@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from exgrpo_core.algorithm import selection
 from exgrpo_core.config.load import load_config
+from exgrpo_core.config.redact import hide
 from exgrpo_core.config.schema import ExGRPOConfig
 from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 from flows.compare import parallel as par, report
@@ -84,7 +85,7 @@ def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list
         for i, run in enumerate([] if target else runs):
             summary = finished_summary(run.cfg)
             print(f"arm {run.arm} seed {run.seed}: run {run.cfg.run.name}" + (" (finished: read back)" if summary else ""))
-            summary = summary or train(preset=preset, config=run.cfg, parent_mlflow_run_id=parent.run_id)
+            summary = summary or train(preset=preset, config=hide(run.cfg), parent_mlflow_run_id=parent.run_id)
             results.append(collect(run, summary))
             if i + 1 < len(runs) and runs[i + 1].seed != run.seed:  # a seed's arms are all done: a matched
                 write_report(results, str(out_dir), name, meta)      # partial report, should the rest be cut off
