@@ -217,6 +217,37 @@ def own_aligned_memory(model: torch.nn.Module, alignment: int = 64) -> torch.nn.
     return model
 
 
+def empty_model(config, dtype: str = "float32") -> PreTrainedModel:
+    """The architecture of `config` with its parameters on the meta device (no memory, not initialised) and
+    its buffers real (rotary frequencies are computed from the config and are not in the state dict):
+    FSDP2 shards it, then each process fills only its shard (training/fsdp.py)."""
+    from accelerate import init_empty_weights
+
+    if dtype not in _DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}")
+    with init_empty_weights(include_buffers=False):
+        return AutoModelForCausalLM.from_config(config, dtype=_DTYPES[dtype])
+
+
+def empty_from_checkpoint(path: str, dtype: str = "float32",
+                          overrides: dict | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A checkpoint with weight shards (run.checkpoint_weights=sharded) as (`empty_model` of its config,
+    tokenizer): its weights are read into the sharded model by each process (fsdp.load_model_shards)."""
+    path = os.path.expanduser(path)
+    try:
+        model = empty_model(apply_overrides(AutoConfig.from_pretrained(path), overrides), dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if os.path.exists(os.path.join(path, "generation_config.json")):
+            model.generation_config = GenerationConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"could not read checkpoint {path}: {' '.join(str(err).split())[:500]}") from err
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
 def _from_weight_shards(path: str, overrides: dict | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A checkpoint written with run.checkpoint_weights=sharded: the model built from its config,
     every shard read into it (in this process alone, whatever process group is running)."""

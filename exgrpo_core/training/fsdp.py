@@ -8,8 +8,10 @@ crosses machines. With sharded parameters every forward pass is a collective, so
 callers make every process run the same number of passes (team.py pads shares, optimise.py pads
 micro-batches with zero-weight rows). Checkpoints gather the full weights on rank 0 (an ordinary
 Hugging Face folder) or, with run.checkpoint_weights=sharded, each process writes its weight shard;
-each process always writes its own optimiser shard (torch.distributed.checkpoint). On resume every
-process loads the weights, re-shards them and reads its optimiser shard.
+each process always writes its own optimiser shard (torch.distributed.checkpoint). At start-up and on
+resume the model is built on the meta device and sharded first; then rank 0 alone reads a Hugging Face
+folder and broadcasts it tensor by tensor (`load_full_state`), or each process reads its part of the
+weight shards (`load_model_shards`), so no process but rank 0 ever holds the whole model.
 """
 
 from __future__ import annotations
@@ -78,13 +80,47 @@ def shard_model(model: nn.Module, device: torch.device, bf16: bool, cpu_offload:
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
               else MixedPrecisionPolicy())
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
-    if not cpu_offload:
+    empty = any(p.is_meta for p in model.parameters())
+    if not cpu_offload and not empty:
         model.to(device)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload)
+    if empty:  # built on the meta device: allocate this process's shards only (weights load next)
+        _materialise(model, torch.device("cpu") if cpu_offload else device)
     model.exgrpo_compute_device = device  # with offload the parameters' device is not where inputs go
     return model
+
+
+def _materialise(model: nn.Module, device: torch.device) -> None:
+    """Allocate (uninitialised) the shards of a model sharded on the meta device, keeping its real buffers
+    (rotary frequencies and the like, computed from the config; not in the state dict)."""
+    kept = {name: b for name, b in model.named_buffers() if not b.is_meta}
+    model.to_empty(device=device)  # FSDPModule._apply re-registers each sharded parameter
+    for name, b in kept.items():
+        owner, _, attr = name.rpartition(".")
+        model.get_submodule(owner)._buffers[attr] = b.to(device if device.type != "cpu" else b.device)
+
+
+def load_full_state(model: nn.Module, state: dict | None) -> None:
+    """Fill a sharded model from the full state dict held by rank 0 alone (`state`, None elsewhere):
+    rank 0 broadcasts one tensor at a time and each process keeps its shard, so no other process ever
+    holds the whole model (torch's set_model_state_dict with broadcast_from_rank0); every process calls."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state if state is not None else {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+
+def load_model_shards(model: nn.Module, folder: str) -> None:
+    """Read a checkpoint's weight shards (`save_model_shards`) straight into a sharded model: each process
+    reads the parts of the files that make up its own shard (dcp.load into the sharded state dict)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    state = get_model_state_dict(model)
+    dcp.load(state, checkpoint_id=folder)
+    set_model_state_dict(model, state)
 
 
 def unsharded_grad_bytes(model: nn.Module) -> int:

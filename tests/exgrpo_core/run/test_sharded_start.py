@@ -1,0 +1,86 @@
+"""FSDP2 start-up without whole copies (two gloo processes): the session's worker builds the model on the
+meta device, shards it and fills each shard from rank 0's broadcast, or each process reads its part of a
+checkpoint's weight shards. The weights equal the whole model's, and the peak resident memory that the
+load adds on a process other than rank 0 stays well under one whole
+model (the old start-up built the whole float32 model in every process)."""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+
+from exgrpo_core.config.load import load_config
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
+from spawn_helpers import as_rank, run_two
+
+# ~53 M parameters (210 MB in float32): large next to the noise of a process's resident memory
+SHAPE = {"hidden_size": 1024, "num_layers": 4, "num_heads": 8, "intermediate_size": 3072}
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def _cfg(tmp: str):
+    return load_config("tiny", [f"run.output_dir={tmp}", "train.sharding=fsdp2", "loss.kl_coef=0",
+                                *[f"model.tiny.{k}={v}" for k, v in SHAPE.items()]])
+
+
+def _start(rank: int, tmp: str) -> dict:
+    from pathlib import Path
+
+    from exgrpo_core.run import checkpoint
+    from exgrpo_core.run.session import make_accelerator, open_worker
+    from exgrpo_core.training import fsdp
+
+    cfg = _cfg(tmp)
+    acc = make_accelerator(cfg)
+    import accelerate  # noqa: F401  (imports and the allocator's first arenas before the baseline)
+    import torch.distributed.checkpoint.state_dict  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
+    torch.zeros(1 << 16).sum()
+    before = _peak_mb()
+    worker, tok = open_worker(cfg, acc, None, Path(tmp) / "run")
+    grown = _peak_mb() - before
+    model = worker.model
+    full = fsdp.full_model_state(model)  # rank 0 only (every process takes part)
+    folder = Path(tmp) / "ckpt"  # a checkpoint with weight shards, as run.checkpoint_weights=sharded writes
+    if rank == 0:
+        model.config.save_pretrained(folder)
+        model.generation_config.save_pretrained(folder)
+        tok.save_pretrained(folder)
+    fsdp.save_model_shards(model, str(folder / checkpoint.MODEL_SHARDS))
+    (folder / checkpoint.STATE_FILE).touch()
+    torch.distributed.barrier()
+    before = _peak_mb()
+    again, _ = open_worker(cfg, acc, folder, Path(tmp) / "run")
+    grown_shards = _peak_mb() - before
+    full_again = fsdp.full_model_state(again.model)
+    local = {n: tuple(p.to_local().shape) for n, p in again.model.named_parameters()}
+    out = {"grown_mb": grown, "grown_shards_mb": grown_shards, "local": local}
+    if rank == 0:
+        ref = build_tiny_model(build_tiny_tokenizer(), **SHAPE, seed=cfg.run.seed).state_dict()
+        out["whole_mb"] = sum(v.numel() * v.element_size() for v in ref.values()) / 2 ** 20
+        out["same_as_built"] = full.keys() == ref.keys() and all(torch.equal(full[k], ref[k]) for k in ref)
+        out["same_after_shards"] = full.keys() == full_again.keys() and all(
+            torch.equal(full[k], full_again[k]) for k in full)
+    return out
+
+
+def _spawned(rank: int, tmp: str, port: int, out):
+    as_rank(rank, port, out, _start, tmp)
+
+
+def test_sharded_start_holds_no_whole_model_outside_rank_0(tmp_path):
+    items, codes = run_two(_spawned, str(tmp_path), timeout=240)
+    got = dict(items)
+    assert not [r["error"] for r in got.values() if "error" in r] and codes == [0, 0]
+    whole_mb = got[0]["whole_mb"]
+    assert got[0]["same_as_built"]  # the tiny model rank 0 built, now spread over both processes
+    assert got[0]["same_after_shards"]  # read back from the weight shards, each process its own part
+    up = "model.layers.0.mlp.up_proj.weight"
+    assert got[1]["local"][up] == (SHAPE["intermediate_size"] // 2, SHAPE["hidden_size"])  # half the rows each
+    # the old start-up: every process built the whole model (+ its shard) -> >= whole_mb on each
+    assert got[1]["grown_mb"] < 0.75 * whole_mb, (got[1]["grown_mb"], whole_mb)
+    assert got[1]["grown_shards_mb"] < 0.75 * whole_mb, (got[1]["grown_shards_mb"], whole_mb)
