@@ -43,6 +43,18 @@ def file_lock(path: str | Path) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def check_run_name(name: str) -> None:
+    """A run name is one folder name under run.output_dir: ConfigError (one line) for an empty name, `.`,
+    `..`, a path separator, a control character or more than 200 characters."""
+    from exgrpo_core.config.base import ConfigError
+
+    bad = (not name or name in (".", "..") or "/" in name or "\\" in name or len(name) > 200
+           or any(ord(c) < 32 or ord(c) == 127 for c in name))
+    if bad:
+        raise ConfigError(f"run.name {name[:80]!r} is not a folder name: use letters, digits, '-', '_' or '.' "
+                          "(no '/', '..' or control characters, at most 200 characters)")
+
+
 def _advisory_key(name: str) -> int:
     """A signed 64-bit advisory lock key for a run name (stable across processes and machines)."""
     return int.from_bytes(hashlib.sha256(f"exgrpo-run:{name}".encode()).digest()[:8], "big", signed=True)
@@ -163,6 +175,7 @@ def lock_run(run_dir: str | Path, name: str, db_url: str) -> RunLock:
     """This process's lock on the run in `run_dir` (taken once; idempotent): a file lock `run_dir/.lock` on
     the folder, and the lock on the run's name in its database (`_database_lock`). Either one held by
     another process refuses this one with one line naming the holder."""
+    check_run_name(name)
     run_dir = Path(run_dir).resolve()
     key = str(run_dir)
     if key not in _HELD:

@@ -77,3 +77,24 @@ def test_failed_start_removes_only_the_empty_folder_this_process_created(tmp_pat
     locks.make_run_dir(kept)
     (kept / "experience.db").write_bytes(b"")
     assert not locks.remove_failed_start(kept) and kept.is_dir()  # it holds more than lock files
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "..", ".", "", "x\x00y", "tab\there", "a\\b", "n" * 201])
+def test_run_names_that_are_not_one_folder_name_are_refused(name):
+    from exgrpo_core.config.load import ConfigError
+
+    with pytest.raises(ConfigError, match="run.name .* is not a folder name"):
+        locks.check_run_name(name)
+
+
+def test_a_run_name_escaping_the_output_folder_creates_nothing(tmp_path, capsys):
+    from flows.cli import main
+
+    out = tmp_path / "runs"
+    rc = main(["train", "--config", "tiny", "--set", f"run.output_dir={out}", "--set", "run.name=../escape"])
+    text = capsys.readouterr().out
+    assert rc == 2 and "run.name '../escape' is not a folder name" in text and "Traceback" not in text
+    assert not (tmp_path / "escape").exists()
+    with pytest.raises(Exception, match="is not a folder name"):
+        open_session(_cfg(tmp_path, "run.name=../escape2"))  # the Prefect form's path: no CLI preflight
+    assert not (tmp_path / "escape2").exists()
