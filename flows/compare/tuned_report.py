@@ -17,6 +17,7 @@ from flows.compare.grid import grid_points, parse_grid, point_label
 RATE_KEY = "train.lr"
 BASELINES = ("arm=on_policy", "buffer.replay_ratio=0")  # the on-policy arm, when the grid has one
 COLLAPSE_FRACTION = 0.5  # as flows/compare/stats.py: final held-out below half the step-0 value
+FEW_SEEDS = 8  # below this a seed bootstrap's interval is flagged
 MARGIN = 0.005  # the smallest area gain called practically relevant (docs/benchmarks/preregistration_lr_grid.md)
 
 
@@ -95,6 +96,13 @@ def analyse(m: dict, resamples: int = tuned.RESAMPLES, seed: int = 0) -> dict:
     return out
 
 
+def secondary_verdict(v: dict, alpha: float = 0.05) -> str:
+    """ahead / behind when the Holm-corrected p is below alpha, else no difference shown."""
+    if not v["p_holm"] < alpha:
+        return "no difference shown"
+    return "ahead" if v["diff"] > 0 else "behind"
+
+
 def markdown(res: dict) -> list[str]:
     """The section's Markdown: primary first, then the secondaries (Holm), shared rates, equivalence, cells."""
     n, rates, base = len(res["seeds"]), res["rates"], res["baseline"]
@@ -104,7 +112,9 @@ def markdown(res: dict) -> list[str]:
           + f"; rates {', '.join(rates)}. Interval: paired seed bootstrap ({res['resamples']} resamples) that "
           "re-chooses each arm's best rate in every resample; `fixed-best` is the naive interval with the rates "
           f"fixed at the full sample's choice. Verdict: ahead if the lower bound > 0, no practically relevant "
-          f"gain if the upper bound < +{res['margin']:g}, else inconclusive.", "",
+          f"gain if the upper bound < +{res['margin']:g}, else inconclusive."
+          + (f" **Flag: {n} seeds; a bootstrap over fewer than {FEW_SEEDS} seeds is too narrow to trust.**"
+             if n < FEW_SEEDS else ""), "",
           "| arm - baseline | best rate (arm / baseline) | difference | 95% interval | fixed-best interval | verdict |",
           "|---|---|---:|---|---|---|"]
     for arm, r in res["arms"].items():
@@ -113,9 +123,9 @@ def markdown(res: dict) -> list[str]:
                   f"{p['lo']:+.4f} .. {p['hi']:+.4f} | {f['lo']:+.4f} .. {f['hi']:+.4f} | {p['verdict']} |")
     for arm, r in res["arms"].items():
         md += ["", f"**{arm} - {base}, secondary** (bootstrap p, Holm over 4):", "",
-               "| measure | difference | 95% interval | p | p Holm |", "|---|---:|---|---:|---:|"]
-        md += [f"| {k} | {v['diff']:+.4f} | {v['lo']:+.4f} .. {v['hi']:+.4f} | {v['p']:.3f} | {v['p_holm']:.3f} |"
-               for k, v in r["secondary"].items()]
+               "| measure | difference | 95% interval | p | p Holm | verdict (Holm, 0.05) |", "|---|---:|---|---:|---:|---|"]
+        md += [f"| {k} | {v['diff']:+.4f} | {v['lo']:+.4f} .. {v['hi']:+.4f} | {v['p']:.3f} | {v['p_holm']:.3f} | "
+               f"{secondary_verdict(v)} |" for k, v in r["secondary"].items()]
         md += ["", "| rate | area difference at this shared rate | 95% interval | LR equivalence factor | 95% interval |",
                "|---|---:|---|---:|---|"]
         for s, e in zip(r["shared_rate_area"], r["equivalence"]):
