@@ -96,6 +96,10 @@ def analyse(m: dict, resamples: int = tuned.RESAMPLES, seed: int = 0) -> dict:
     return out
 
 
+def _p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def secondary_verdict(v: dict, alpha: float = 0.05) -> str:
     """ahead / behind when the Holm-corrected p is below alpha, else no difference shown."""
     if not v["p_holm"] < alpha:
@@ -124,7 +128,7 @@ def markdown(res: dict) -> list[str]:
     for arm, r in res["arms"].items():
         md += ["", f"**{arm} - {base}, secondary** (bootstrap p, Holm over 4):", "",
                "| measure | difference | 95% interval | p | p Holm | verdict (Holm, 0.05) |", "|---|---:|---|---:|---:|---|"]
-        md += [f"| {k} | {v['diff']:+.4f} | {v['lo']:+.4f} .. {v['hi']:+.4f} | {v['p']:.3f} | {v['p_holm']:.3f} | "
+        md += [f"| {k} | {v['diff']:+.4f} | {v['lo']:+.4f} .. {v['hi']:+.4f} | {_p(v['p'])} | {_p(v['p_holm'])} | "
                f"{secondary_verdict(v)} |" for k, v in r["secondary"].items()]
         md += ["", "| rate | area difference at this shared rate | 95% interval | LR equivalence factor | 95% interval |",
                "|---|---:|---|---:|---|"]
