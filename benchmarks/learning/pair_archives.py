@@ -126,7 +126,7 @@ def family_table(tables: dict) -> str:
 def table(result: dict) -> str:
     lines = [f"{result['second']} minus {result['first']}, {len(result['seeds'])} paired seeds "
              f"({result['baseline_checked']} identical in both archives); p Holm over these two metrics", "",
-             "| metric | seeds | first | second | mean diff | 95% t-interval | 95% bootstrap | p (t) | p sign-flip | "
+             "| metric | seeds | second | first | mean diff | 95% t-interval | 95% bootstrap | p (t) | p sign-flip | "
              "p Holm | ahead / behind | verdict |", "|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|---|"]
     for key, label in METRICS.items():
         lines.append(f"| {label} | {compare_stats.summary_cells(result['metrics'][key], key)} |")

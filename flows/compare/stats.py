@@ -86,7 +86,7 @@ def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> d
 def _censored_verdict(summary: dict, censored: dict) -> str:
     """ahead (arm reached the target first in more pairs) / behind on the censored test's p < 0.05, else null."""
     if not censored["earlier"] + censored["later"]:
-        return "too few seeds"
+        return "null" if censored["undetermined"] else "too few seeds"
     if censored["p"] < 0.05:
         return "ahead" if censored["earlier"] > censored["later"] else "behind"
     return "null"
@@ -103,7 +103,9 @@ def final_verdict(s: dict, p_holm_key: str = "p_holm") -> str:
         why = "not in the corrected family" if p_holm is None or math.isnan(p_holm) else f"Holm p {_p(p_holm)}"
         return f"hint: {v} (uncorrected p {_p(s['p'])}; {why})"
     if v == "null" and "censored" in s:
-        return f"null (censored sign test p {_p(s['p'])})"
+        c = s["censored"]
+        return (f"null (censored sign test p {_p(s['p'])})" if c["earlier"] + c["later"]
+                else f"null: no pair ordered ({c['undetermined']} tied or censored)")
     if v == "null":
         return f"null: |diff| < {s['bound']:.3f} at {s['level']:.0%}"
     return v

@@ -185,3 +185,11 @@ def test_holm_across_comparisons_corrects_over_the_whole_family():
     assert tables["a"]["x"]["heldout_avg"]["family_verdict"] == "ahead"
     assert tables["b"]["y"]["heldout_avg"]["family_verdict"].startswith("hint: ahead (uncorrected p 0.030; Holm p 0.090")
     assert tables["b"]["y"]["heldout_auc"]["family_size"] == 4
+
+
+def test_pairs_that_all_tie_at_the_target_are_a_null_not_too_few_seeds():
+    rows = [_row("on_policy", s, 0.01, 0.3, 0.1, 0.0) for s in range(3)]  # both arms "reach" it at step 0
+    rows += [_row("exgrpo", s, 0.02, 0.3, 0.1, 0.0) for s in range(3)]
+    reach = compare_stats.paired_stats(rows)["exgrpo"]["responses_to_target"]
+    assert reach["censored"]["undetermined"] == 3 and math.isnan(reach["p"])
+    assert reach["final_verdict"] == "null: no pair ordered (3 tied or censored)"
