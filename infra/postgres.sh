@@ -80,8 +80,9 @@ pg_migrate() {  # the experience schema, created by the training role (so it own
     || { echo "postgres: schema migration of $EXGRPO_DB_EXPERIENCE failed" >&2; return 1; }
 }
 
-_pg_env() {  # run a command with PGPASSFILE set when a pgpass file was written
-  if [[ -f "$EXGRPO_PGPASSFILE" ]]; then PGPASSFILE="$EXGRPO_PGPASSFILE" "$@"; else "$@"; fi
+_pg_env() {  # run a command as a service role: PGPASSFILE set when a pgpass file was written, and never
+  # the admin's PGPASSWORD (libpq prefers it to the pass file: the role would log in with the wrong password)
+  if [[ -f "$EXGRPO_PGPASSFILE" ]]; then env -u PGPASSWORD PGPASSFILE="$EXGRPO_PGPASSFILE" "$@"; else env -u PGPASSWORD "$@"; fi
 }
 
 pg_drop() {  # drop the three databases (services must be down); roles stay, they are cluster-wide

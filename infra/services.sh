@@ -30,7 +30,7 @@ check_settings() {
 }
 
 service_env() {  # `env` arguments of every service process and Prefect CLI call
-  ENV=(env -u PREFECT_PROFILE PREFECT_HOME="$EXGRPO_STATE_DIR/prefect-home"
+  ENV=(env -u PREFECT_PROFILE -u PGPASSWORD PREFECT_HOME="$EXGRPO_STATE_DIR/prefect-home"
        PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_API_URL="$EXGRPO_PREFECT_API_URL")
   [[ -f "$EXGRPO_PGPASSFILE" ]] && ENV+=(PGPASSFILE="$EXGRPO_PGPASSFILE")
   return 0
@@ -95,7 +95,7 @@ print_env() {
   echo "export MLFLOW_TRACKING_URI='$EXGRPO_MLFLOW_URL'"
   echo "export PREFECT_API_URL='$EXGRPO_PREFECT_API_URL'"
   echo "export EXGRPO_REPO_DIR='$EXGRPO_REPO_DIR'"
-  [[ -f "$EXGRPO_PGPASSFILE" ]] && echo "export PGPASSFILE='$EXGRPO_PGPASSFILE'"
+  [[ -f "$EXGRPO_PGPASSFILE" ]] && echo "export PGPASSFILE='$EXGRPO_PGPASSFILE'; unset PGPASSWORD  # the roles' passwords"
   return 0
 }
 
