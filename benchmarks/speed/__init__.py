@@ -4,6 +4,7 @@
     step_timing.py             seconds per iteration by stage, through the real Prefect flow
     orchestration_overhead.py  the share spent on Prefect, MLflow and database writes
     decode_speed.py            the decoders' sampling speed against the FLOP floor
+    decode_ops.py              operator calls and host syncs per decode step, before / after
     eval_throughput.py         evaluation questions/s, samples/s, tokens/s
     train_speed.py             the train phase of real batches, old code against new
     malloc_reuse.py            run.malloc=reuse against glibc's defaults

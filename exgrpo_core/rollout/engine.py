@@ -21,6 +21,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from exgrpo_core.rollout.decode import Sampled, decode, draw_uniforms, prefix_prefill
 from exgrpo_core.rollout.packed import packed_linears
+from exgrpo_core.rollout.static_decode import InferenceCopy, StaticDecoder
 from exgrpo_core.training import fsdp
 from exgrpo_core.training.forward_parts import cache_kw, copied_prompt_cache
 from exgrpo_core.types import Generation
@@ -64,7 +65,12 @@ class TransformersEngine:
         self.share_prefill = True  # shared prompt tokens run once (own: `decode.prefix_prefill`; generate:
         # `_shared_prefill`, repeated prompts only)
         self.min_prefix = 2  # (own) shortest common prefix worth a prefill of its own
-        self.decoder = "own"  # `decode.decode` (finished rows dropped); "generate": transformers' loop
+        self.decoder = "auto"  # "eager" (or "own"): `decode.decode`, finished rows dropped; "static":
+        # `static_decode` on a bf16 inference copy at fixed shapes; "generate": transformers' loop; "auto":
+        # static on CUDA without logits processors, else eager (`rollout.decoder`)
+        self.inference = InferenceCopy()  # (static) the copy, refreshed at every `generate` call
+        self.static = StaticDecoder()  # (static) caches and compiled steps per batch shape
+        self.inference_dtype = None  # the dtype the last `generate` sampled in when not the model's (static)
         self.drop_finished = True  # (own) finished rows leave the batch
         self.static_cache = True  # (own) the key/value cache is written in place
         self.scores = True  # (own) compute log-probs and entropies; False: tokens only (evaluation)
@@ -78,28 +84,52 @@ class TransformersEngine:
         self.compact_every = 16  # (own) end-of-sequence checks and row compaction every this many steps
         # (`rollout.decode_compact_every`): the decode loop's only host syncs
 
+    def sampling_path(self, device: torch.device) -> str:
+        """The decoder `generate` uses on `device`: "eager", "static" or "generate"."""
+        path = {"own": "eager"}.get(self.decoder, self.decoder)
+        if path == "auto":
+            path = "static" if device.type == "cuda" and not self.logits_processors else "eager"
+        if path not in ("eager", "static", "generate"):
+            raise ValueError(f"unknown decoder {self.decoder!r}: use auto, eager, static or generate")
+        if path == "static" and self.logits_processors:
+            raise ValueError("the static decoder takes no logits processors: use rollout.decoder=eager")
+        return path
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int | list[int], *, temperature: float,
                  max_new_tokens: int) -> list[list[Generation]]:
         counts = sample_counts(prompts, n)
         flat = [p for p, c in zip(prompts, counts) for _ in range(c)]  # one batch for all counts
         out: list[Generation] = []
+        device = fsdp.compute_device(self.model)
+        path = self.sampling_path(device)
+        self.inference_dtype = self.inference.dtype if path == "static" else None
+        copy = self.inference.refresh(self.model, device) if path == "static" else None  # after each optimiser step
         was_training = self.model.training
         self.model.eval()
         try:
-            with packed_linears(self.model, self.matmul == "auto" and self.decoder == "own"
+            with packed_linears(self.model, self.matmul == "auto" and path == "eager"
                                 and not self.synced) as self.packed_layers:
                 for i in range(0, len(flat), self.batch_size):
-                    out.extend(self._generate_chunk(flat[i:i + self.batch_size], temperature, max_new_tokens))
+                    out.extend(self._generate_chunk(flat[i:i + self.batch_size], temperature, max_new_tokens,
+                                                    path, copy))
         finally:
             self.model.train(was_training)
         ends = list(itertools.accumulate(counts))
         return [out[e - c:e] for c, e in zip(counts, ends)]
 
-    def _generate_chunk(self, prompts: list[list[int]], temperature: float,
-                        max_new_tokens: int) -> list[Generation]:
+    def _generate_chunk(self, prompts: list[list[int]], temperature: float, max_new_tokens: int,
+                        path: str = "eager", copy=None) -> list[Generation]:
         device = fsdp.compute_device(self.model)
-        if self.decoder == "own" and not self.synced:  # synced (FSDP2): every process must run each forward
+        if path == "static":  # every process decodes on its own copy: no collective per step
+            ids, mask = left_padded(prompts, self.pad_id, device)
+            res = self.static.decode(copy, ids, mask, temperature=temperature, top_p=self.top_p,
+                                     max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                                     scores=self.scores, check_every=self.compact_every,
+                                     rows=self.batch_size if device.type == "cuda" else None)  # one shape per size
+            self.row_steps += res.row_steps
+            seqs, token_logp, ent = res.tokens.cpu(), res.logprobs.cpu(), res.entropies.cpu()
+        elif path == "eager" and not self.synced:  # synced (FSDP2): every process must run each forward
             streams = self.streams or min(2, torch.get_num_threads())  # 0: auto
             parts = stream_parts(len(prompts), streams, self.min_stream_rows)
             if len(parts) > 1 and device.type == "cpu" and not self.logits_processors:
