@@ -55,6 +55,11 @@ GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO :"train";
 GRANT SELECT ON ALL TABLES IN SCHEMA public TO :"dash";
 ALTER DEFAULT PRIVILEGES FOR ROLE :"train" IN SCHEMA public GRANT SELECT ON TABLES TO :"dash";
 ALTER DEFAULT PRIVILEGES FOR ROLE :"admin" IN SCHEMA public GRANT SELECT ON TABLES TO :"dash";
+-- advisory locks (one process per run, one migrator) for the training role only: a reader could block runs
+SELECT format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', p.oid::regprocedure) FROM pg_proc p
+  WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.proname ~ '^pg_(try_)?advisory_(xact_)?lock' \gexec
+SELECT format('GRANT EXECUTE ON FUNCTION %s TO %I', p.oid::regprocedure, :'train') FROM pg_proc p
+  WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.proname ~ '^pg_(try_)?advisory_(xact_)?lock' \gexec
 SQL
   _psql "$EXGRPO_DB_MLFLOW" <<<'ALTER SCHEMA public OWNER TO :"svc";' || return 1
   _psql "$EXGRPO_DB_PREFECT" <<<'ALTER SCHEMA public OWNER TO :"svc";' || return 1

@@ -88,6 +88,25 @@ def test_db_setup_is_idempotent_and_the_dashboard_role_reads_future_tables_only(
     dash.dispose()
 
 
+def test_only_the_training_role_takes_advisory_locks(setup_env):
+    """The read-only dashboard role could hold a run's advisory lock and block every run (issue 35, item 7)."""
+    from exgrpo_core.run import locks
+
+    env = setup_env
+    out = _sh(env, "db")
+    assert out.returncode == 0, out.stdout + out.stderr
+    dash = sa.create_engine(_url(env, "EXGRPO_DASHBOARD_ROLE"))
+    with dash.connect() as c:
+        for sql in ("SELECT pg_try_advisory_lock(1)", "SELECT pg_advisory_lock(1, 2)", "SELECT pg_advisory_xact_lock(3)"):
+            with pytest.raises(sa.exc.ProgrammingError, match="permission denied"):
+                c.execute(sa.text(sql))
+            c.rollback()
+    dash.dispose()
+    train = sa.create_engine(_url(env, "EXGRPO_TRAIN_ROLE"))
+    locks.RunLock.postgres(train, "run-a").release()  # the run lock, as the training role takes it
+    train.dispose()
+
+
 def test_bad_prefix_is_refused_before_anything_is_created(tmp_path):
     env = {**os.environ, "EXGRPO_STATE_DIR": str(tmp_path), "EXGRPO_DB_PREFIX": "Bad-Name; drop"}
     out = _sh(env, "db")
