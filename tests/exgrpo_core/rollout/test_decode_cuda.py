@@ -72,6 +72,7 @@ def test_a_bf16_model_decodes_on_cuda_through_the_engine(engine):
     tok = engine.tokenizer
     model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
     bf16 = TransformersEngine(model.to("cuda", torch.bfloat16), tok, batch_size=8)
+    bf16.decoder = "eager"  # (auto picks the static decoder on CUDA: test_static_decode_cuda.py)
     torch.manual_seed(2)
     out = bf16.generate([tok(t)["input_ids"] for t in TEXTS], 4, temperature=1.0, max_new_tokens=10)
     assert [len(g) for g in out] == [4] * len(TEXTS)
