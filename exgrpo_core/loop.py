@@ -226,7 +226,7 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
         aggregation=cfg.loss.aggregation, max_response_len=cfg.rollout.max_response_tokens,
         entropy_coef=cfg.loss.entropy_coef, kl_coef=cfg.loss.kl_coef, temperature=cfg.rollout.temperature,
         max_grad_norm=cfg.train.max_grad_norm, skip_grad_norm=cfg.train.skip_grad_norm,
-        entropy_micro_tokens=cfg.loss.entropy_micro_tokens))
+        entropy_micro_tokens=cfg.loss.entropy_micro_tokens, pack=cfg.train.pack_sequences))
     stats[M.TRAIN_TFLOPS] = flops / max(time.perf_counter() - t_opt, 1e-9) / 1e12
     if hasattr(s.engine, "push_weights"):  # an engine with its own copy of the weights (vLLM, remote)
         dtype = getattr(s.engine, "weight_dtype", None) or getattr(torch, s.cfg.model.dtype)

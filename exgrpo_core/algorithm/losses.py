@@ -173,7 +173,8 @@ def mixed_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Ten
                       denominator: float | torch.Tensor, entropy_tok: torch.Tensor | None = None,
                       entropy_coef: float = 0.0, ref_logp: torch.Tensor | None = None,
                       kl_coef: float = 0.0, onpolicy_weight: torch.Tensor | None = None,
-                      mean_denominator: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                      mean_denominator: float | None = None,
+                      tensor_stats: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
     """ExGRPO Eq. 4 (code weighting): L = L_on + L_replay - entropy_coef H + kl_coef KL.
 
     Each part is `aggregate`d with the same mini-batch denominator, so micro-batch losses add up.
@@ -193,6 +194,8 @@ def mixed_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Ten
         onpolicy_weight: [N, T] detached per-token factor on the on-policy term (TIS weights).
         mean_denominator: the entropy and KL terms' own denominator (`micro_sum_norm_denominators`,
             the authors' token mean per micro-batch); None: `denominator`.
+        tensor_stats: stats as 0-d tensors on logp's device, computed without reading any value back to
+            the host (the caller reduces them once per optimiser step); floats otherwise.
 
     Returns:
         scalar loss and detached stats ("loss/...").
@@ -221,9 +224,14 @@ def mixed_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Ten
     if ref_logp is not None:
         kl_value = aggregate(kl_k3_term(logp, ref_logp), mask, mean_denom)
         total = total + kl_coef * kl_value
-    stats = {M.LOSS_TOTAL: float(total.detach()), M.LOSS_ONPOLICY: float(on_loss.detach()),
-             M.LOSS_OFFPOLICY: float(rep_loss.detach()), M.LOSS_ENTROPY: float(ent_value.detach()),
-             M.LOSS_KL: float(kl_value.detach())}
+    parts = {M.LOSS_TOTAL: total, M.LOSS_ONPOLICY: on_loss, M.LOSS_OFFPOLICY: rep_loss, M.LOSS_ENTROPY: ent_value,
+             M.LOSS_KL: kl_value}
+    if tensor_stats:
+        stats = {k: v.detach().float() for k, v in parts.items()}
+        stats.update(_ratio_stats_tensors(logp.detach(), old_logp, adv, on_raw.detach(), on_mask != 0,
+                                          rep_mask != 0, replay_term))
+        return total, stats
+    stats = {k: float(v.detach()) for k, v in parts.items()}
     stats.update(_ratio_stats(logp.detach(), old_logp, adv, on_raw.detach(), on_mask != 0,
                               rep_mask != 0, replay_term))
     return total, stats
@@ -245,4 +253,25 @@ def _ratio_stats(logp, old_logp, adv, on_tok, on_sel, rep_sel, replay_term) -> d
             M.SHAPED_IW_MEAN: _masked_mean(shaped, rep_sel),
             M.REPLAY_TOKENS: float(n_rep),
             M.ONPOLICY_TOKENS: float(on_sel.sum()),
+        }
+
+
+def _ratio_stats_tensors(logp, old_logp, adv, on_tok, on_sel, rep_sel, replay_term) -> dict[str, torch.Tensor]:
+    """`_ratio_stats` as 0-d tensors, with masked sums instead of boolean indexing (no host sync)."""
+    with torch.no_grad():
+        clipped = (on_tok > unclipped_ratio_term(logp, old_logp, adv)).float()  # [N, T]
+        w = torch.exp(_log_ratio(logp, old_logp)).double()  # [N, T]
+        shaped = -replay_term(logp, old_logp, torch.ones_like(adv)).float()  # [N, T]
+        n_on, n_rep = on_sel.sum().float(), rep_sel.sum().double()
+        zero = torch.zeros_like(w)
+        w_mean = torch.where(rep_sel, w, zero).sum() / n_rep.clamp(min=1)
+        w_var = torch.where(rep_sel, (w - w_mean) ** 2, zero).sum() / n_rep.clamp(min=1)
+        return {
+            M.CLIPFRAC: torch.where(on_sel, clipped, 0.0).sum() / n_on.clamp(min=1),
+            M.IW_MEAN: w_mean.float(),
+            M.IW_MAX: torch.where(rep_sel, w, zero).amax().float() if w.numel() else n_rep.float() * 0,
+            M.IW_VAR: w_var.float(),
+            M.SHAPED_IW_MEAN: torch.where(rep_sel, shaped, 0.0).sum() / n_rep.float().clamp(min=1),
+            M.REPLAY_TOKENS: n_rep.float(),
+            M.ONPOLICY_TOKENS: n_on,
         }

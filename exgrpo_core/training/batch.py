@@ -61,10 +61,12 @@ def tis_weights(rollouts: list[Rollout], old: torch.Tensor, cap: float) -> torch
     return out
 
 
-def select_rows(batch: TrainBatch, rows: list[int]) -> TrainBatch:
-    """A sub-batch (mini- or micro-batch) trimmed to its own longest row."""
+def select_rows(batch: TrainBatch, rows: list[int], width: int | None = None) -> TrainBatch:
+    """A sub-batch (mini- or micro-batch) trimmed to its own longest row (or to `width` columns, when the
+    caller knows it: nothing is then read back from the device)."""
     idx = torch.tensor(rows, dtype=torch.long)
-    width = int(batch.attention_mask[idx].sum(-1).max().item()) if rows else 0
+    if width is None:
+        width = int(batch.attention_mask[idx].sum(-1).max().item()) if rows else 0
     return TrainBatch(
         input_ids=batch.input_ids[idx, :width], attention_mask=batch.attention_mask[idx, :width],
         response_mask=batch.response_mask[idx, :width], advantages=batch.advantages[idx],

@@ -12,6 +12,9 @@ step equals the one-process step up to float rounding, whatever the shares' size
 With prompt sharing, a mini-batch's prompts (at most `micro_batch_size` distinct ones at a time, their
 common prefix once) run once before its micro-batches, which attend to copies of their caches; the
 prompts' backward runs once after them (`forward_parts.PromptKV`).
+With `pack`, each micro-batch runs as one padding-free sequence (`packing`), planned on the host once
+per mini-batch, so nothing is read back from the device inside a micro-batch; the loss statistics
+stay tensors and are read back once, at the end (host syncs per optimiser step: a constant).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from exgrpo_core.training import distributed as D, policy
+from exgrpo_core.training import distributed as D, packing, policy
 from exgrpo_core.algorithm import losses
 from exgrpo_core.training.batch import micro_batch_rows, minibatch_rows, prompt_groups, select_rows, share_rows
 from exgrpo_core.training.forward_parts import batch_prompts, can_share_prompts, prompt_kv
@@ -36,12 +39,12 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
              ref_model, max_grad_norm: float, skip_grad_norm: float | None,
              temperature: float = 1.0, micro_batch_tokens: int | None = None,
              shard: tuple[int, int] = (0, 1), sharded: bool = False, share_prompts: bool = True,
-             entropy_micro_tokens: int = 32768) -> dict[str, float]:
+             entropy_micro_tokens: int = 32768, pack: bool = False) -> dict[str, float]:
     """Run `n_minibatches` optimiser steps over the batch; return averaged detached stats."""
     rank, world = shard
     model.train()
-    sums: dict[str, float] = defaultdict(float)
-    maxes: dict[str, float] = defaultdict(float)
+    sums: dict[str, torch.Tensor] = {}  # read back once, after the last optimiser step
+    maxes: dict[str, torch.Tensor] = {}
     steps = skipped = 0
     norms = 0.0
     for rows in minibatch_rows(batch.meta["question_index"], n_minibatches):
@@ -53,9 +56,15 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
         mean_denom = None
         optimizer.zero_grad(set_to_none=True)
         part = select_rows(mini, share_rows(mini, rank, world)) if world > 1 else mini
-        micros = _micro_plan(model, part, micro_batch_size, micro_batch_tokens, share_prompts and not sharded,
-                             regroup=aggregation != "micro_sum_norm")
+        spans = packing.row_spans(part)  # the rows' extents, read once for the whole mini-batch
+        if pack:
+            micros = [(rows, None) for rows in packing.micro_batches([n for _, n, _, _ in spans], micro_batch_size,
+                                                                     micro_batch_tokens)]
+        else:
+            micros = _micro_plan(model, part, micro_batch_size, micro_batch_tokens, share_prompts and not sharded,
+                                 regroup=aggregation != "micro_sum_norm")
         if aggregation == "micro_sum_norm":  # (code) entropy / KL means over the authors' micro-batches, not ours
+            micro_denom = losses.micro_sum_norm_denominators(part.response_mask[:0], max_response_len, world)[0]
             mean_denom = losses.virtual_micro_denominator(int(part.response_mask.sum()),
                                                           int(part.attention_mask.sum()), entropy_micro_tokens, world)
         if sharded:  # FSDP2: the same number of passes everywhere; padding passes train nothing
@@ -66,12 +75,19 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
                 if group_prompts is not None:  # a group's first micro-batch: its prompts run once
                     kv = prompt_kv(model, group_prompts, part.input_ids.device)
                     kv = kv.detached() if kv is not None else None
-                micro = select_rows(part, micro_rows) if micro_rows is not None else select_rows(mini, [0])
+                packed = None
+                if micro_rows is None:
+                    micro = select_rows(mini, [0])
+                elif pack:
+                    packed = packing.pack([spans[r] for r in micro_rows], part.input_ids.device)
+                    micro = select_rows(part, micro_rows, width=packed.width)
+                else:
+                    micro = select_rows(part, micro_rows, width=max(spans[r][1] for r in micro_rows))
                 if aggregation == "micro_sum_norm":  # (code) each micro-batch its own, averaged over ranks
-                    denom, _ = losses.micro_sum_norm_denominators(micro.response_mask, max_response_len, world)
+                    denom = micro_denom
                 loss, stats = _micro_loss(model, micro, denom, onpolicy_term, replay_term,
                                           entropy_coef, kl_coef, ref_model, micro_batch_size, temperature,
-                                          share_prompts, mean_denom, kv)
+                                          share_prompts, mean_denom, kv, packed)
                 if sharded:  # every pass reduce-scatters into the sharded gradient (no whole fp32 copy
                     loss = loss * world  # held between passes); FSDP2 averages over processes, we want the sum
                 if sharded and hasattr(model, "set_requires_all_reduce"):  # HSDP: gradients cross machines
@@ -82,13 +98,12 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
                     kv = None
                 if micro_rows is None:
                     continue
-                for k, v in stats.items():
+                for k, v in stats.items():  # 0-d tensors: added up on the device
                     if k == "loss/iw_max":
-                        maxes[k] = max(maxes[k], v)
-                    elif k.endswith("_tokens") or k in _ADDITIVE:
-                        sums[k] += v
-                    else:  # a mean over the micro-batch's tokens of its kind: weight by that count
-                        sums[k] += v * stats[_WEIGHT_BY.get(k, "loss/onpolicy_tokens")]
+                        maxes[k] = torch.maximum(maxes[k], v) if k in maxes else v.clamp(min=0.0)
+                    else:  # a mean over the micro-batch's tokens of its kind is weighted by that count
+                        add = v if k.endswith("_tokens") or k in _ADDITIVE else v * stats[_WEIGHT_BY.get(k, "loss/onpolicy_tokens")]
+                        sums[k] = sums[k] + add.double() if k in sums else add.double()
         if world > 1 and not sharded:
             D.all_reduce_grads(model.parameters())
         grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
@@ -100,6 +115,7 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
         norms += grad_norm
         steps += 1
     optimizer.zero_grad(set_to_none=True)
+    sums, maxes = _read_back(sums, maxes)
     if world > 1:  # every process's sums and maxes, the same on all of them
         sums = D.all_reduce_sums(sums, D.all_keys(list(sums)))
         maxes = {k: D.all_reduce_max(maxes.get(k, 0.0)) for k in D.all_keys(list(maxes))}
@@ -116,6 +132,14 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
     out["loss/skipped_steps"] = float(skipped)
     out["loss/optimizer_steps"] = float(steps)
     return out
+
+
+def _read_back(sums: dict, maxes: dict) -> tuple[dict[str, float], dict[str, float]]:
+    """The accumulated statistics as floats, in one host transfer."""
+    names = list(sums) + list(maxes)
+    values = torch.stack([t.double().reshape(()) for t in [*sums.values(), *maxes.values()]]).tolist() if names else []
+    got = dict(zip(names, values))
+    return defaultdict(float, {k: got[k] for k in sums}), {k: got[k] for k in maxes}
 
 
 def _micro_plan(model, part: TrainBatch, size: int, max_tokens: int | None,
@@ -156,21 +180,25 @@ _ADDITIVE = ("loss/total", "loss/onpolicy", "loss/offpolicy", "loss/entropy", "l
 
 def _micro_loss(model, micro: TrainBatch, denom, onpolicy_term, replay_term, entropy_coef,
                 kl_coef, ref_model, micro_batch_size, temperature, share_prompts=True, mean_denom=None,
-                prompts=None):
-    """Forward one micro-batch and build the mixed-policy loss (ExGRPO Eq. 4, code weighting)."""
-    logp, ent = policy.token_logprobs_and_entropy(
-        model, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size,
-        with_entropy=entropy_coef > 0, temperature=temperature, score_mask=micro.response_mask,
-        share_prompts=share_prompts, prompts=prompts)
+                prompts=None, packed=None):
+    """Forward one micro-batch and build the mixed-policy loss (ExGRPO Eq. 4, code weighting); stats as
+    0-d tensors. `packed`: the micro-batch's `packing.Packed` indices (padding-free forward)."""
+    def score(m, with_entropy):
+        if packed is not None:
+            return packing.packed_logprobs_and_entropy(m, micro.input_ids, packed, with_entropy=with_entropy,
+                                                       temperature=temperature)
+        return policy.token_logprobs_and_entropy(
+            m, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size, with_entropy=with_entropy,
+            temperature=temperature, score_mask=micro.response_mask, share_prompts=share_prompts,
+            prompts=prompts if m is model else None)
+
+    logp, ent = score(model, entropy_coef > 0)
     ref_logp = None
     if kl_coef > 0 and ref_model is not None:
         with torch.no_grad():
-            ref_logp, _ = policy.token_logprobs_and_entropy(
-                ref_model, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size,
-                with_entropy=False, temperature=temperature, score_mask=micro.response_mask,
-                share_prompts=share_prompts)
+            ref_logp, _ = score(ref_model, False)
     return losses.mixed_policy_loss(
         logp, micro.old_logprobs, micro.advantages, micro.response_mask, micro.is_replay,
         onpolicy_term=onpolicy_term, replay_term=replay_term, denominator=denom,
         entropy_tok=ent, entropy_coef=entropy_coef, ref_logp=ref_logp, kl_coef=kl_coef,
-        onpolicy_weight=micro.tis_weights, mean_denominator=mean_denom)
+        onpolicy_weight=micro.tis_weights, mean_denominator=mean_denom, tensor_stats=True)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The prepared GPU check (issues 31 and 32): at most 7 minutes on one H100. Each section is a Python
+# module in benchmarks/gpu/ that writes its JSON file as it goes (device, torch, commit in each):
+#   decode.json, agreement.json  (a, b) every rollout.decoder path: ms/step, tokens/s at 256 rows, profile,
+#                                greedy agreement and log-prob gap against the eager model
+#   train_step.json              (c) training-step MFU / HFU before and after each change
+#   fsdp_check.json              (d) FSDP2 holds no unsharded fp32 accumulator; memory vs memory_plan
+#   cuda_tests.json              (e) pytest -m gpu
+#   summary.json                 exit code and seconds of each section
+# Output: $OUT if set, else benchmarks/results/gpu/. `--tiny` (automatic without CUDA): tiny shapes on CPU.
+# A section that fails or runs past its limit is recorded and the next one runs.
+#   bash benchmarks/gpu_check.sh            (GPU)
+#   bash benchmarks/gpu_check.sh --tiny     (CPU rehearsal; tests/benchmarks/test_gpu_check.py runs it)
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+OUTDIR=${OUT:-benchmarks/results/gpu}
+mkdir -p "$OUTDIR"
+export GPU_CHECK_COMMIT=${GPU_CHECK_COMMIT:-$(git rev-parse HEAD 2>/dev/null || cat .commit 2>/dev/null || echo unknown)}
+TINY=()
+SLACK=1
+# --tiny: a CPU rehearsal, where a shared machine may be slow: three times the limits
+[ "${1:-}" = "--tiny" ] && TINY=(--tiny) && SLACK=3
+start=$(date +%s)
+summary="{"
+# section module, seconds allowed (the sum stays under 7 minutes)
+for entry in "decode 140" "train_step 140" "fsdp_check 60" "cuda_tests 75"; do
+  set -- $entry
+  t0=$(date +%s)
+  echo "== $1 (limit $(( $2 * SLACK )) s)"
+  timeout --kill-after=5 "$(( $2 * SLACK ))" "$PY" "benchmarks/gpu/$1.py" --out "$OUTDIR" "${TINY[@]}"
+  rc=$?
+  summary="$summary\"$1\": {\"returncode\": $rc, \"seconds\": $(( $(date +%s) - t0 ))}, "
+done
+summary="$summary\"total_seconds\": $(( $(date +%s) - start )), \"commit\": \"$GPU_CHECK_COMMIT\"}"
+echo "$summary" > "$OUTDIR/summary.json"
+echo "$summary"

@@ -1,0 +1,181 @@
+"""Padding-free micro-batches: a micro-batch's rows run as one sequence of their real tokens, each row
+with its own position ids (0, 1, ...) and attention only within itself, so the forward and backward
+compute on real tokens only (executed = useful FLOPs) and every index is known on the host before
+the forward (no host sync inside a micro-batch).
+
+Attention over the packed sequence is `packed_attention_forward`, registered with transformers as
+"exgrpo_packed" and switched on for the packed forward only: on CUDA in bf16/fp16 it is torch's
+`varlen_attn` (FlashAttention over cumulative sequence lengths), elsewhere one causal SDPA call per
+row. transformers' own route (position ids with no attention mask) builds a block-diagonal mask and
+reads a value back each forward; this one needs no mask. Grouped-query heads are never expanded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION = "exgrpo_packed"
+
+
+def row_spans(batch) -> list[tuple[int, int, int, int]]:
+    """(first real column, real tokens, first response column, response tokens) of every row, read in one
+    host transfer. Rows must be one contiguous run of real tokens (`policy._check_inputs`)."""
+    am, rm = batch.attention_mask != 0, batch.response_mask != 0
+    stacked = torch.stack([am.int().argmax(-1), am.sum(-1), rm.int().argmax(-1), rm.sum(-1)], dim=1)
+    return [tuple(r) for r in stacked.tolist()]
+
+
+@dataclass
+class Packed:
+    """Host-built indices of one packed micro-batch of n rows, width `width` (its longest row's end)."""
+
+    src: torch.Tensor  # [S] flat index into the micro-batch's [n, width] ids of each packed token
+    pos: torch.Tensor  # [S] its position id within its row
+    cu: torch.Tensor  # [n + 1] int32 cumulative row lengths (rows with no token are skipped)
+    lens: list[int]  # tokens of each packed row
+    at: torch.Tensor  # [M] packed index of the hidden state that predicts each scored token
+    tgt: torch.Tensor  # [M] flat index into [n, width] of each scored token (its id and its output slot)
+    n: int
+    width: int
+
+    @property
+    def tokens(self) -> int:
+        return int(self.src.numel())
+
+
+def pack(spans: list[tuple[int, int, int, int]], device) -> Packed:
+    """Indices of the rows with these `row_spans`, packed in order. A row's response token at column c is
+    scored when c - 1 is real (a row's first token predicts nothing), as in `policy.token_logprobs_and_entropy`."""
+    width = max((f + n for f, n, _, _ in spans), default=0)
+    src, pos, at, tgt, lens = [], [], [], [], []
+    offset = 0
+    for i, (first, length, rstart, rlen) in enumerate(spans):
+        if length == 0:
+            continue
+        src.extend(range(i * width + first, i * width + first + length))
+        pos.extend(range(length))
+        lo = max(rstart, first + 1)
+        for c in range(lo, rstart + rlen):
+            at.append(offset + c - 1 - first)
+            tgt.append(i * width + c)
+        lens.append(length)
+        offset += length
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+
+    def t(x, dtype=torch.long):
+        return torch.tensor(x, dtype=dtype).to(device, non_blocking=True)
+
+    return Packed(src=t(src), pos=t(pos), cu=t(cu, torch.int32), lens=lens, at=t(at), tgt=t(tgt),
+                  n=len(spans), width=width)
+
+
+def executed_tokens(lengths: list[int], micro_rows: list[list[int]], packed: bool) -> int:
+    """Tokens a training forward runs: rows x the longest row per padded micro-batch, or the real tokens
+    when packed. Divided by sum(lengths) it is executed over useful FLOPs (matrix multiplies; PaLM's
+    per-token convention, training/flops.py)."""
+    if packed:
+        return sum(lengths[r] for rows in micro_rows for r in rows)
+    return sum(len(rows) * max(lengths[r] for r in rows) for rows in micro_rows if rows)
+
+
+def packed_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                             scaling: float | None = None, **kwargs):
+    """Causal attention within each packed row: query [1, Hq, S, D], key / value [1, Hkv, S, D] ->
+    ([1, S, Hq, D], None). Needs `exgrpo_packed` (a `Packed`) in the forward's keyword arguments."""
+    p: Packed = kwargs["exgrpo_packed"]
+    gqa = query.shape[1] != key.shape[1]
+    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and _varlen() is not None:
+        q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [S, H, D]
+        longest = max(p.lens, default=1)
+        out = _varlen()(q, k, v, p.cu, p.cu, longest, longest, scale=scaling, window_size=(-1, 0), enable_gqa=gqa)
+        return out.unsqueeze(0), None
+    outs, start = [], 0
+    for n in p.lens:
+        part = slice(start, start + n)
+        outs.append(F.scaled_dot_product_attention(query[:, :, part], key[:, :, part], value[:, :, part],
+                                                   is_causal=True, scale=scaling, enable_gqa=gqa))
+        start += n
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _varlen():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, packed_attention_forward)
+
+
+_register()
+
+
+@contextlib.contextmanager
+def packed_attention(model):
+    """While active, the model's attention layers run `packed_attention_forward` (and build no mask)."""
+    inner = getattr(model, "module", model)
+    configs = [m.config for m in inner.modules() if hasattr(m, "config") and hasattr(m.config, "_attn_implementation")]
+    configs = list({id(c): c for c in configs}.values())
+    saved = [c._attn_implementation for c in configs]
+    for c in configs:
+        c._attn_implementation = ATTENTION
+    try:
+        yield
+    finally:
+        for c, name in zip(configs, saved):
+            c._attn_implementation = name
+
+
+def packed_logprobs_and_entropy(model, ids: torch.Tensor, p: Packed, *, with_entropy: bool, temperature: float = 1.0,
+                                chunk_positions: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log pi(x_t | x_<t) and entropy H_t (docs/implementation_details.md) of a packed micro-batch:
+    `ids` [n, width] as `pack` indexed them -> [n, width] float32 each, 0 where nothing is scored.
+    The values of `policy.token_logprobs_and_entropy` (score_mask = the response mask), up to rounding."""
+    from exgrpo_core.training.forward_parts import head_at
+    from exgrpo_core.training.policy import _block_scores
+
+    flat_ids = ids.reshape(-1)
+    seq = flat_ids.index_select(0, p.src)[None]  # [1, S]
+    targets = flat_ids.index_select(0, p.tgt)  # [M]
+    m = p.tgt.numel()
+    with packed_attention(model), head_at(model, torch.zeros_like(p.at), p.at, (1, p.tokens)) as tap:
+        logits = model(input_ids=seq, position_ids=p.pos[None], use_cache=False, exgrpo_packed=p).logits
+    flat = logits[0] if tap.hit else logits[0].index_select(0, p.at)  # [M, V]
+    pieces = [_block_scores(flat[s:s + chunk_positions], targets[s:s + chunk_positions], temperature, with_entropy)
+              for s in range(0, m, chunk_positions)]
+
+    def place(values: list[torch.Tensor]) -> torch.Tensor:
+        x = torch.zeros(p.n * p.width, dtype=torch.float32, device=ids.device)
+        if values:
+            x = x.index_put((p.tgt,), torch.cat(values))
+        else:  # nothing scored: zeros that still reach the graph, so backward() works
+            x = x + logits.sum().float() * 0.0
+        return x.view(p.n, p.width)
+
+    return place([q[0] for q in pieces]), (place([q[1] for q in pieces]) if with_entropy else None)
+
+
+def micro_batches(lengths: list[int], size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Rows in packed micro-batches of at most `size` rows and `max_tokens` real tokens, shortest first (a
+    row longer than `max_tokens` goes alone). Example: lengths [9, 3, 8, 2], size 3, max_tokens 12 ->
+    [[3, 1], [2], [0]]."""
+    out: list[list[int]] = []
+    used = 0
+    for i in sorted(range(len(lengths)), key=lambda r: lengths[r]):
+        if not out or len(out[-1]) >= size or (max_tokens is not None and used + lengths[i] > max_tokens):
+            out.append([])
+            used = 0
+        out[-1].append(i)
+        used += lengths[i]
+    return out
