@@ -83,6 +83,24 @@ def executed_tokens(batch, size: int, max_tokens: int | None, packed: bool) -> i
     return packing.executed_tokens(lengths, plan, packed)
 
 
+def layout_rule(tiny: bool) -> dict:
+    """What `training/layout.py` picks for the preset on this device (one GPU; 80 GiB on a CPU)."""
+    import dataclasses
+
+    import torch
+
+    from exgrpo_core.models.load import policy_config
+    from exgrpo_core.training.layout import train_layout
+    from exgrpo_core.training.memory_plan import ModelShape
+
+    cfg = preset_config(tiny)
+    c = policy_config(cfg.model.name_or_path, tiny=cfg.model.tiny.model_dump(), hf_overrides=cfg.model.hf_overrides)
+    gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
+    got = train_layout(ModelShape.from_hf_config(c), gpus=1, gpu_gib=gib, micro_batch_tokens=cfg.train.micro_batch_tokens)
+    return {**dataclasses.asdict(got), "gpu_gib": gib, "preset_sets": {
+        "sharding": cfg.train.sharding, "gradient_checkpointing": cfg.model.gradient_checkpointing}}
+
+
 def main() -> None:
     args = parse(__doc__)
     import copy
@@ -98,6 +116,7 @@ def main() -> None:
     questions, k, plen, resp = (2, 4, 8, 24) if args.tiny else (8, 8, 64, 1024)
     rep.add("shape", {"questions": questions, "k": k, "prompt_tokens": plen, "max_response_tokens": resp,
                       "peak_bf16_tflops": peak})
+    rep.add("layout_rule", layout_rule(args.tiny))
     variants = [v for v in VARIANTS if has_packing() or v[0] != "+packed"]
     if not has_packing():
         rep.add("+packed", "not measured: this checkout has no train.pack_sequences")

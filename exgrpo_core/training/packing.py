@@ -90,8 +90,10 @@ def packed_attention_forward(module, query, key, value, attention_mask, dropout:
     ([1, S, Hq, D], None). Needs `exgrpo_packed` (a `Packed`) in the forward's keyword arguments."""
     p: Packed = kwargs["exgrpo_packed"]
     gqa = query.shape[1] != key.shape[1]
-    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and _varlen() is not None:
-        q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [S, H, D]
+    dtype = query.dtype if query.dtype in (torch.bfloat16, torch.float16) else (
+        torch.get_autocast_dtype("cuda") if query.is_cuda and torch.is_autocast_enabled("cuda") else None)
+    if query.is_cuda and dtype is not None and _varlen() is not None:  # as SDPA would under autocast
+        q, k, v = (x[0].transpose(0, 1).to(dtype).contiguous() for x in (query, key, value))  # [S, H, D]
         longest = max(p.lens, default=1)
         out = _varlen()(q, k, v, p.cu, p.cu, longest, longest, scale=scaling, window_size=(-1, 0), enable_gqa=gqa)
         return out.unsqueeze(0), None

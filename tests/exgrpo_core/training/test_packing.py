@@ -98,3 +98,26 @@ def test_packed_micro_batches_cap_rows_and_real_tokens():
     assert packing.micro_batches([9, 3, 8, 2], 3, 12) == [[3, 1], [2], [0]]
     assert packing.micro_batches([9, 3, 8, 2], 2) == [[3, 1], [2, 0]]
     assert packing.micro_batches([20, 1], 4, 10) == [[1], [0]]  # a row over the cap goes alone
+
+
+@pytest.mark.gpu
+def test_packed_varlen_attention_on_cuda_matches_padded_sdpa_in_bf16():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch's varlen FlashAttention)")
+    from exgrpo_core.training import policy
+
+    model, batch = _setup()
+    model = model.to("cuda", torch.bfloat16)
+    batch_ids = batch.input_ids.cuda()
+    p = packing.pack(packing.row_spans(batch), "cuda")
+    lp, h = packing.packed_logprobs_and_entropy(model, batch_ids[:, :p.width], p, with_entropy=True)
+    lp.sum().backward()
+    grads = {n: q.grad.clone() for n, q in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    lp2, h2 = policy.token_logprobs_and_entropy(model, batch_ids, batch.attention_mask.cuda(), micro_batch_size=8,
+                                                score_mask=batch.response_mask.cuda(), share_prompts=False)
+    lp2.sum().backward()
+    torch.testing.assert_close(lp, lp2[:, :p.width], atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(h, h2[:, :p.width], atol=3e-2, rtol=3e-2)
+    for n, q in model.named_parameters():
+        torch.testing.assert_close(grads[n].float(), q.grad.float(), atol=5e-2, rtol=5e-2, msg=n)
