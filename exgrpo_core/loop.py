@@ -105,7 +105,8 @@ def needs_rescore(s: Session) -> bool:
     cfg = s.cfg.rollout
     return (cfg.rescore == "always" or not isinstance(s.engine, TransformersEngine) or cfg.top_p < 1
             or bool(getattr(s.engine, "logits_processors", None))
-            or sampler_dtype(s.engine.model, s.accelerator) != torch.float32)
+            or sampler_dtype(s.engine.model, s.accelerator) != torch.float32
+            or getattr(s.engine, "inference_dtype", None) not in (None, torch.float32))  # a bf16 sampling copy
 
 
 def sampler_dtype(model, accelerator) -> torch.dtype:
