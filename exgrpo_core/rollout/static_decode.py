@@ -111,15 +111,16 @@ class StaticDecoder:
         self.caches: dict = {}
         self.steps: dict = {}
 
-    def _cache(self, model, rows: int, length: int) -> StaticCache:
-        key = (id(model), rows, length)
-        cache = self.caches.get(key)
-        if cache is None:
-            self.caches.clear()  # one batch shape at a time in memory
-            cache = self.caches[key] = StaticCache(config=model.config, max_cache_len=length)
-        else:
-            cache.reset()
-        return cache
+    def _cache(self, model, rows: int, length: int) -> tuple[StaticCache, int]:
+        """A cache of `rows` x at least `length` positions and its length: the last one (reset) when it is
+        long enough, so a shorter call reuses the captured shapes; else a new one (the old one freed)."""
+        key, had = (id(model), rows), self.caches.get((id(model), rows))
+        if had is not None and had[1] >= length:
+            had[0].reset()
+            return had
+        self.caches.clear()  # one batch shape at a time in memory
+        self.caches[key] = (StaticCache(config=model.config, max_cache_len=length), length)
+        return self.caches[key]
 
     def _step(self, model, device, **sampling):
         key = (id(model), device.type, tuple(sorted(sampling.items())))
@@ -138,14 +139,15 @@ class StaticDecoder:
                top_k: int = 0, max_new_tokens: int, eos_ids: list[int], pad_id: int, scores: bool = True,
                uniforms: torch.Tensor | None = None, check_every: int = 16, rows: int | None = None) -> Sampled:
         """`decode.decode`'s result for left-padded ids / mask [n, w], at fixed shapes: the batch padded
-        to `rows` (default n), the cache to w + max_new_tokens rounded up to `length_bucket`."""
+        to `rows` (default n), the cache to w + max_new_tokens rounded up to `length_bucket` (or the last
+        call's cache when it is longer: warm up with the longest call)."""
         n, w = ids.shape
         device = ids.device
         big = max(n, rows or n)
         length = math.ceil((w + max_new_tokens) / self.length_bucket) * self.length_bucket
         ids = F.pad(ids, (0, 0, 0, big - n), value=pad_id)
         mask = F.pad(mask.bool(), (0, 0, 0, big - n), value=True)  # dummy rows: all pad tokens, all seen
-        cache = self._cache(model, big, length)
+        cache, length = self._cache(model, big, length)
         att = torch.zeros(big, 1, 1, length, dtype=torch.bool, device=device)
         att[:, 0, 0, :w] = mask
         pos = mask.long().cumsum(-1) - 1

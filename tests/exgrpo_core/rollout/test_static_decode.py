@@ -136,6 +136,20 @@ def test_inference_copy_is_the_bf16_cast_of_the_masters_after_each_step():
     assert engine.inference.refreshes == 2 and engine.inference_dtype == torch.bfloat16
 
 
+def test_a_shorter_call_reuses_the_longer_cache_and_samples_alike(engine):
+    """Shapes stay those captured: after a 140-token call (cache 256 long) a 12-token call decodes in
+    the same cache buffers, with the eager decoder's tokens."""
+    engine.static.caches.clear()
+    _run(engine, "static", 0, max_new_tokens=140)
+    (cache, length), = engine.static.caches.values()
+    ptr = cache.layers[0].keys.data_ptr()
+    static, _ = _run(engine, "static", 1)
+    eager, _ = _run(engine, "eager", 1)
+    (again, again_length), = engine.static.caches.values()
+    assert again is cache and again_length == length == 256 and again.layers[0].keys.data_ptr() == ptr
+    assert [g.response_ids for g in static] == [g.response_ids for g in eager]
+
+
 def test_sampling_path_choice(engine):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert engine.sampling_path(cpu) == "eager" and engine.sampling_path(cuda) == "static"
