@@ -25,7 +25,7 @@ SLACK=1
 start=$(date +%s)
 summary="{"
 # section module, seconds allowed (the sum stays under 7 minutes)
-for entry in "decode 140" "train_step 140" "fsdp_check 60" "cuda_tests 75"; do
+for entry in "decode 160" "train_step 120" "fsdp_check 50" "cuda_tests 90"; do
   set -- $entry
   t0=$(date +%s)
   echo "== $1 (limit $(( $2 * SLACK )) s)"

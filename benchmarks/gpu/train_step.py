@@ -113,7 +113,7 @@ def main() -> None:
 
     rep = Report("train_step", args)
     peak = peak_tflops()
-    questions, k, plen, resp = (2, 4, 8, 24) if args.tiny else (8, 8, 64, 1024)
+    questions, k, plen, resp = (2, 4, 8, 24) if args.tiny else (4, 8, 64, 1024)
     rep.add("shape", {"questions": questions, "k": k, "prompt_tokens": plen, "max_response_tokens": resp,
                       "peak_bf16_tflops": peak})
     rep.add("layout_rule", layout_rule(args.tiny))
@@ -132,8 +132,7 @@ def main() -> None:
             packed = name == "+packed"
             ran = executed_tokens(batch, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens, packed)
             kw = {**step_kwargs(cfg), "pack": cfg.train.pack_sequences}
-            s.team.optimise(copy.copy(batch), **kw)  # warm-up
-            with counting() as syncs:
+            with counting() as syncs:  # the warm-up call (kernels loaded) is the one counted
                 s.team.optimise(copy.copy(batch), **kw)
             times = []
             for _ in range(1 if args.tiny else 2):
