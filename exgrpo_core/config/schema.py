@@ -47,6 +47,10 @@ class RunConfig(_Section):
     """full: the weights as one Hugging Face folder (FSDP2 gathers them on rank 0); sharded (FSDP2
     only): every process writes its own shard (torch.distributed.checkpoint). `load_policy` and
     `exgrpo evaluate` read both; `exgrpo export` turns a sharded checkpoint into a plain folder."""
+    async_checkpoint: bool = False
+    """(FSDP2) Write the checkpoint's shards in a background thread (dcp.async_save) while training goes
+    on; it counts (renamed to step_N, resumable) only once the writes finished and its manifest is
+    written, at the next checkpoint or the run's end (exgrpo_core/run/checkpoint.py)."""
     malloc: Literal["reuse", "system"] = "reuse"
     """(glibc) `reuse`: freed memory stays in the heap for the next large tensors instead of each being
     a fresh mmap paged in by the kernel (exgrpo_core/run/allocator.py; a quarter of a small CPU train phase
@@ -442,6 +446,9 @@ class ExGRPOConfig(_Section):
             raise ValueError("train.hsdp=on and train.shard_size need train.sharding=fsdp2 (HSDP shards with FSDP2)")
         if self.train.shard_size and self.train.hsdp == "off":
             raise ValueError("train.shard_size needs train.hsdp=auto or on (hsdp=off shards over all processes)")
+        if self.run.async_checkpoint and self.train.sharding != "fsdp2":
+            raise ValueError("run.async_checkpoint needs train.sharding=fsdp2 (its shards are what is written "
+                             "in the background)")
         if self.run.checkpoint_weights == "sharded" and self.train.sharding != "fsdp2":
             raise ValueError("run.checkpoint_weights=sharded needs train.sharding=fsdp2 (replicated weights "
                              "have no shards to write)")

@@ -18,6 +18,11 @@ Integrity: `manifest.json` lists every file's size and SHA-256; files and folder
 the rename (and the parent after it), so a power loss cannot leave a renamed folder with unwritten
 data. On resume `resume_point` verifies the manifest and falls back to the newest intact checkpoint
 (the damaged one is moved aside to `.damaged_step_N`), or stops with one line naming the path.
+
+Async (`run.async_checkpoint`, FSDP2): the shards are copied to CPU memory and written by a background
+thread (dcp.async_save) while training goes on; the folder stays `.tmp_step_N` until `finish_pending`
+has waited for the writes, then manifest, fsync and rename follow as above. A kill before that leaves
+only the temporary folder, which a resume never reads and a later checkpoint removes.
 """
 
 from __future__ import annotations
@@ -98,19 +103,27 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
+_PENDING: dict[Path, tuple[Path, Path, int, Callable[[], None]]] = {}
+
+
 def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer, loop_state: dict,
                     keep: int = 2, model_state: dict | None = None,
                     optimizer_shards: Callable[[Path], None] | None = None,
-                    model_shards: Callable[[Path], None] | None = None) -> Path:
+                    model_shards: Callable[[Path], None] | None = None,
+                    background: Callable[[], None] | None = None) -> Path:
     """Write the checkpoint after 0-based step `step` atomically (folder `folder_name(step)`), then
     prune older checkpoints down to the `keep` newest (module docstring: when and what).
 
     `model_state`: the full model state gathered from sharded processes (fsdp.py), used instead of
     the model's own. `optimizer_shards(folder)` / `model_shards(folder)`: write the optimiser state /
     the weights as per-process shards (every process takes part); the state file then holds
-    `optimizer: None`, and the folder the model's config instead of its weights."""
+    `optimizer: None`, and the folder the model's config instead of its weights.
+    `background`: the shard writers returned before their files were written (run.async_checkpoint) and
+    this waits for them: the checkpoint stays `.tmp_step_N` and is completed by `finish_pending` (the
+    next save calls it first); returns the folder it will have."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
+    finish_pending(run_dir)  # at most one checkpoint in flight, completed in order
     final = root / folder_name(step)
     tmp = root / f".tmp_{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -126,12 +139,43 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
         optimizer_shards(tmp / OPTIMIZER_SHARDS)
     optim = None if optimizer_shards is not None else optimizer.state_dict()
     torch.save({"step": step, "optimizer": optim, "rng": rng_state(), "loop": loop_state}, tmp / STATE_FILE)
+    if background is not None:
+        _PENDING[root] = (tmp, final, keep, background)
+        return final
+    return _complete(root, tmp, final, keep)
+
+
+def _complete(root: Path, tmp: Path, final: Path, keep: int) -> Path:
     write_manifest(tmp)  # sizes and hashes; every file and folder fsynced
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     _fsync_dir(root)  # the rename itself is durable
     prune_checkpoints(root, final, keep)
     return final
+
+
+def finish_pending(run_dir: str | Path) -> Path | None:
+    """Complete the run's checkpoint whose shards were written in the background: wait for the writes
+    (a failed write raises, and the checkpoint never counts), then manifest, rename and prune as a
+    blocking save does. Only then is it a `step_N` folder that `resume_point` may pick. None when none."""
+    root = checkpoint_dir(run_dir)
+    pending = _PENDING.pop(root, None)
+    if pending is None:
+        return None
+    tmp, final, keep, wait = pending
+    wait()
+    return _complete(root, tmp, final, keep)
+
+
+def close_pending(run_dir: str | Path) -> Path | None:
+    """`finish_pending` at a run's close: a failed background write is a warning naming the checkpoint (the
+    run resumes from the one before), never an error over the one that may be ending the run."""
+    try:
+        return finish_pending(run_dir)
+    except Exception as err:  # noqa: BLE001
+        warnings.warn(f"checkpoint write in {checkpoint_dir(run_dir)} failed ({err}): it does not count; a resume "
+                      "starts from the previous checkpoint", stacklevel=2)
+        return None
 
 
 def prune_checkpoints(root: Path, newest: Path, keep: int) -> list[Path]:

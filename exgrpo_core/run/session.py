@@ -85,7 +85,8 @@ class Session:
             self.run_dir, self.step - 1, self.accelerator.unwrap_model(self.model), self.tokenizer,
             self.optimizer, self.loop_state(), keep=self.cfg.run.keep_checkpoints,
             model_state=None if shards else self.team.model_state(), optimizer_shards=self.team.optimizer_writer(),
-            model_shards=self.team.model_writer() if shards else None)
+            model_shards=self.team.model_writer() if shards else None,
+            background=fsdp.wait_writes if self.cfg.run.async_checkpoint and self.step < self.cfg.run.steps else None)
 
     def close(self) -> None:
         for fn in reversed(self._closers):
@@ -150,6 +151,7 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
     session._closers.append(lambda: locks.unlock_run(run_dir))  # runs last on close
     session._closers.append(store.close)
     session._closers.append(session.team.stop)  # runs first on close: followers exit even if a close fails
+    session._closers.append(lambda: checkpoint.close_pending(run_dir))  # an async checkpoint completes first
     if state:
         _restore(session, state, ckpt)
     elif unfinished:  # started before, never checkpointed: the same run again from step 0
@@ -322,6 +324,7 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
         ref_model.eval().requires_grad_(False)
     if cfg.rollout.engine == "vllm":  # vLLM loads the starting weights from a folder
         source = _vllm_base(model, tokenizer, source, run_dir)
+    fsdp.background_writes(sharded and cfg.run.async_checkpoint)  # every process writes its shards alike
     optimizer = adamw(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     if not sharded:
         model, optimizer = accelerator.prepare(model, optimizer)

@@ -130,6 +130,15 @@ def barrier() -> None:
         dist.barrier()
 
 
+_BEFORE_SHUTDOWN: list = []
+
+
+def before_shutdown(fn) -> None:
+    """Run `fn()` at the start of `shutdown` (once per registration), e.g. to wait for background writes."""
+    if fn not in _BEFORE_SHUTDOWN:
+        _BEFORE_SHUTDOWN.append(fn)
+
+
 def shutdown() -> None:
     """Leave the process group together (barrier, then destroy): a process that exits with the group
     still alive can abort in gloo's teardown ("terminate called without an active exception").
@@ -137,6 +146,8 @@ def shutdown() -> None:
     The pause after the barrier lets gloo's worker threads free the finished operations, which needs
     the GIL: if the group is freed first (e.g. with a DDP model), its destructor holds the GIL while it
     joins those threads, and the process hangs for good (torch issue 56297)."""
+    for fn in _BEFORE_SHUTDOWN:
+        fn()
     if topology().world > 1:
         dist.barrier()
         time.sleep(0.2)

@@ -168,20 +168,55 @@ def full_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def save_model_shards(model: nn.Module, folder: str) -> None:
-    """Each process writes its own weight shard into `folder` (every process must call this)."""
+_BACKGROUND: dict = {"on": False, "groups": {}, "writes": []}
+
+
+def background_writes(on: bool) -> None:
+    """`run.async_checkpoint`: the shard writes below copy the state to CPU memory and return, writing the
+    files in a background thread (dcp.async_save); `wait_writes` waits for them. Set alike on every process."""
+    _BACKGROUND["on"] = bool(on)
+
+
+def _write(state: dict, folder: str, kind: str) -> None:
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+
+    if not _BACKGROUND["on"]:
+        dcp.save(state, checkpoint_id=folder)
+        return
+    groups = _BACKGROUND["groups"]
+    if kind not in groups:  # a gloo group per kind of write: two writes' threads (weights, optimiser) run
+        groups[kind] = dist.new_group(backend="gloo")  # at once, and neither meets training's collectives
+        D.before_shutdown(wait_writes)  # a follower's thread ends before its process group does
+    writes = _BACKGROUND["writes"]
+    for _, future in [w for w in writes if w[0] == kind]:  # the last checkpoint's (finished on rank 0)
+        future.result()
+    writes[:] = [w for w in writes if w[0] != kind]
+    writes.append((kind, dcp.async_save(state, checkpoint_id=folder, process_group=groups[kind])))
+
+
+def wait_writes() -> None:
+    """Wait for this process's background shard writes; raises the first one's error. On rank 0 its
+    writes' end means every process's files are written (dcp's finish gathers every rank's results)."""
+    writes, _BACKGROUND["writes"] = _BACKGROUND["writes"], []
+    for _, future in writes:
+        future.result()
+
+
+def save_model_shards(model: nn.Module, folder: str) -> None:
+    """Each process writes its own weight shard into `folder` (every process must call this; in the
+    background with `background_writes`)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    dcp.save(get_model_state_dict(model), checkpoint_id=folder)
+    _write(get_model_state_dict(model), folder, "model")
 
 
 def save_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str) -> None:
-    """Each process writes its optimiser shard into `folder` (every process must call this)."""
-    import torch.distributed.checkpoint as dcp
+    """Each process writes its optimiser shard into `folder` (every process must call this; in the
+    background with `background_writes`)."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=folder)
+    _write({"optimizer": get_optimizer_state_dict(model, optimizer)}, folder, "optimizer")
 
 
 def load_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str) -> None:
