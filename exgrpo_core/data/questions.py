@@ -53,6 +53,7 @@ def load_questions(path: str, *, question_key: str = "question", answer_key: str
         if q.uid in seen:
             raise DataError(f"{path} {where}: duplicated uid {q.uid!r} (first seen at {seen[q.uid]})")
         seen[q.uid] = where
+        _check_text(q, f"{path} {where}")
         questions.append(q)
         if locations is not None:
             locations[q.uid] = f"{path} {where}"
@@ -116,8 +117,13 @@ def _open(path: str) -> tuple[str, Iterator[tuple[str, dict]]]:
 
 
 def _jsonl_rows(file: Path) -> Iterator[tuple[str, dict]]:
-    with open(file, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with open(file, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{file} line {number}: not UTF-8 text (byte {err.start}: {raw[err.start:err.start + 1]!r}); "
+                                "convert the file to UTF-8") from None
             if not line.strip():
                 continue
             try:
@@ -157,6 +163,27 @@ def _hf_rows(path: str) -> tuple[str, Iterator[tuple[str, dict]]]:
             f"{err}. The hub may be unreachable: download the data and pass a local .jsonl/.parquet path") from err
     tag = name.rsplit("/", 1)[-1] + (f"-{split}" if split else "")
     return tag, ((f"row {i + 1}", row) for i, row in enumerate(ds))
+
+
+MAX_TEXT_CHARS = 200_000
+"""Longest question or answer text read (characters): a longer one is a bad row, refused before any
+tokenizer sees it (a 5 MB prompt made the tokenizer peak at 3.5 GB)."""
+
+
+def _check_text(q: Question, where: str) -> None:
+    """One line for text no run can use: a NUL character (PostgreSQL refuses it), a lone surrogate (no
+    UTF-8 form), or more than MAX_TEXT_CHARS characters."""
+    for field, text in [*((f"{m['role']} message", m["content"]) for m in q.messages), ("answer", q.answer)]:
+        if "\x00" in text:
+            raise DataError(f"{where}: the {field} contains a NUL character at position {text.index(chr(0))}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise DataError(f"{where}: the {field} contains a lone surrogate {text[err.start]!r} at position "
+                            f"{err.start} (not valid Unicode text)") from None
+        if len(text) > MAX_TEXT_CHARS:
+            raise DataError(f"{where}: the {field} has {len(text):,} characters, more than the {MAX_TEXT_CHARS:,} "
+                            "a question may have (rollout.max_prompt_tokens truncates far below that)")
 
 
 def _to_question(row: dict, where: str, default_uid: str, name: str, question_key: str, answer_key: str,

@@ -258,12 +258,33 @@ def make_accelerator(cfg: ExGRPOConfig):
 SUPPORTED_DISTRIBUTED = ("NO", "MULTI_CPU", "MULTI_GPU")
 
 
+def check_settings(cfg: ExGRPOConfig) -> None:
+    """One ConfigError line, before anything is built, for: a run name that is not one folder name, a
+    non-finite number (`train.lr=inf`), a zero-size tiny model, a model path that does not exist."""
+    import math
+
+    from exgrpo_core.config.load import flatten
+
+    locks.check_run_name(cfg.run.name)
+    for key, value in flatten(cfg).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number (got {value})")
+    if cfg.model.name_or_path in (models.TINY, models.TINY_SFT):
+        for key, value in cfg.model.tiny.model_dump().items():
+            if value < 1:
+                raise ConfigError(f"model.tiny.{key} must be >= 1 (got {value})")
+    path = cfg.model.name_or_path
+    if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
+        raise ConfigError(f"model.name_or_path {path} does not exist (a local model folder; a Hugging Face "
+                          "name looks like org/name)")
+
+
 def check_context(cfg: ExGRPOConfig) -> None:
     """Prompt + response tokens (sampling and evaluation) must fit the policy's positions, after
     `model.hf_overrides`: vLLM refuses a longer `max_model_len`, and the trainer would run RoPE past the
     lengths the model knows. One line, read from the model's config alone (before any weights load).
-    The run's name is checked first (it must be one folder name)."""
-    locks.check_run_name(cfg.run.name)
+    The run's name, numbers and model path are checked first (`check_settings`)."""
+    check_settings(cfg)
     try:
         config = models.policy_config(cfg.model.name_or_path, tiny=cfg.model.tiny.model_dump(),
                                       hf_overrides=cfg.model.hf_overrides)
