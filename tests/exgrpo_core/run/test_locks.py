@@ -98,3 +98,23 @@ def test_a_run_name_escaping_the_output_folder_creates_nothing(tmp_path, capsys)
     with pytest.raises(Exception, match="is not a folder name"):
         open_session(_cfg(tmp_path, "run.name=../escape2"))  # the Prefect form's path: no CLI preflight
     assert not (tmp_path / "escape2").exists()
+
+
+@pytest.mark.postgres
+def test_releasing_a_lock_whose_server_connection_died_never_raises(tmp_path):
+    """PostgreSQL restarted or the connection cut: the lock went with the session, and releasing it must not
+    raise over the error that ended the run (a failing pg_advisory_unlock hid it, issue 35 item 6)."""
+    import sqlalchemy as sa
+
+    name = f"dead-conn-{os.getpid()}"
+    locks.lock_run(tmp_path / "r", name, PG_URL)
+    admin = sa.create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        killed = c.execute(sa.text("select pg_terminate_backend(pid) from pg_stat_activity "
+                                   "where application_name like :n"), {"n": f"exgrpo run {name}:%"}).scalars().all()
+    admin.dispose()
+    assert killed == [True]
+    locks.unlock_run(tmp_path / "r")  # no exception
+    assert not locks.holds(tmp_path / "r")
+    locks.lock_run(tmp_path / "r", name, PG_URL)  # free again
+    locks.unlock_run(tmp_path / "r")
