@@ -143,6 +143,8 @@ class RolloutConfig(_Section):
             raise ValueError("rollout.server_weight_transport was removed: weights now go to the server through "
                              "vLLM's NCCL weight-transfer engine (set rollout.server_group_host / server_group_port "
                              "if the server's workers cannot reach this machine's default address)")
+        if isinstance(data, dict) and data.get("decoder") == "own":
+            data = {**data, "decoder": "eager"}  # the eager decoder's former name
         return data
 
     group_size: int = Field(default=8, ge=2)
@@ -157,9 +159,12 @@ class RolloutConfig(_Section):
     """Responses stop here and are flagged truncated (paper: 8192)."""
     generation_batch_size: int = Field(default=64, ge=1)
     """Sequences generated per `generate` call."""
-    decoder: Literal["own", "generate"] = "own"
-    """(transformers) The decode loop: `own` (rollout/decode.py: finished rows leave the batch, inverse-CDF
-    sampling, in-place KV cache) or `generate` (transformers' loop; the samples differ for a seed)."""
+    decoder: Literal["auto", "eager", "static", "generate"] = "auto"
+    """(transformers) The decode loop: `eager` (rollout/decode.py: finished rows leave the batch, inverse-CDF
+    sampling, in-place KV cache; `own` is read as `eager`), `static` (rollout/static_decode.py: a bf16 copy
+    of the policy refreshed each `generate` call, fixed-shape steps, on CUDA under torch.compile with CUDA
+    graphs; the same sampler), `generate` (transformers' loop; the samples differ for a seed), or `auto`:
+    `static` on CUDA, `eager` on the CPU."""
     decode_streams: int = Field(default=0, ge=0)
     """(transformers, own decoder, CPU) Decode each batch of sampling and evaluation in this many parts,
     each in its own Python thread with its share of torch's threads (0: auto, min(2, torch threads));
