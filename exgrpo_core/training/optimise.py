@@ -92,7 +92,8 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
                     loss = loss * world  # held between passes); FSDP2 averages over processes, we want the sum
                 if sharded and hasattr(model, "set_requires_all_reduce"):  # HSDP: gradients cross machines
                     model.set_requires_all_reduce(i + 1 == len(micros))  # once per step (no-op on a 1-D mesh)
-                accelerator.backward(loss if micro_rows is not None else loss * 0.0)
+                with packing.packed_attention(model) if packed is not None else contextlib.nullcontext():
+                    accelerator.backward(loss if micro_rows is not None else loss * 0.0)  # (recomputed layers too)
                 if kv is not None and (i + 1 == len(micros) or micros[i + 1][1] is not None):
                     kv.backward()  # the group's prompt gradients, gathered over its micro-batches
                     kv = None

@@ -125,7 +125,8 @@ _register()
 
 @contextlib.contextmanager
 def packed_attention(model):
-    """While active, the model's attention layers run `packed_attention_forward` (and build no mask)."""
+    """While active, the model's attention layers run `packed_attention_forward` (and build no mask).
+    The backward of a packed forward must run inside it too: gradient checkpointing recomputes layers there."""
     inner = getattr(model, "module", model)
     configs = [m.config for m in inner.modules() if hasattr(m, "config") and hasattr(m.config, "_attn_implementation")]
     configs = list({id(c): c for c in configs}.values())

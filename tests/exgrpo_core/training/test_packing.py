@@ -121,3 +121,14 @@ def test_packed_varlen_attention_on_cuda_matches_padded_sdpa_in_bf16():
     torch.testing.assert_close(h, h2[:, :p.width], atol=3e-2, rtol=3e-2)
     for n, q in model.named_parameters():
         torch.testing.assert_close(grads[n].float(), q.grad.float(), atol=5e-2, rtol=5e-2, msg=n)
+
+
+def test_packed_step_under_gradient_checkpointing_equals_padded():
+    model, batch = _setup()
+    a, b = copy.deepcopy(model), copy.deepcopy(model)
+    for m in (a, b):
+        (getattr(m, "activation_checkpointing_enable", None) or m.gradient_checkpointing_enable)()
+    sa, sb = _step(a, batch, 3, pack=False), _step(b, batch, 3, pack=True)
+    assert sb["loss/total"] == pytest.approx(sa["loss/total"], rel=1e-4, abs=1e-6)
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pb, pa, atol=1e-6, rtol=1e-5, msg=name)
