@@ -7,7 +7,8 @@ Called by the training flow after each step's metrics are logged. Every firing b
 - a warning line in the CLI / flow log;
 - a stored step metric `monitor/<name>` (the dashboard's banner on the Runs and Buffer pages).
 A `checkpoint_and_stop` firing then writes a checkpoint and raises `MonitorStop`: the flow records the
-run as `stopped` (MLflow: FAILED with tag `exgrpo.stopped_by`), the CLI prints one line and exits 3.
+run as `stopped` (MLflow: FAILED with tag `exgrpo.stopped_by`; Prefect: Cancelled "Stopped", a planned
+end, flows/planned_end.py), the CLI prints one line and exits 3.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from exgrpo_core import loop
 from exgrpo_core.observe.monitors import Firing
 from exgrpo_core.run import checkpoint
 from exgrpo_core.run.session import Session
+from flows.planned_end import PlannedEnd
 from flows.tracking import MlflowRun
 
 EVENT_PREFIX = "exgrpo.monitor."
 
 
-class MonitorStop(RuntimeError):
+class MonitorStop(PlannedEnd):
     """A monitor whose action is checkpoint_and_stop fired; the run was checkpointed and stopped."""
 
 

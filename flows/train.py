@@ -18,7 +18,6 @@ from typing import Callable
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run as current_flow_run
-from prefect.states import Cancelled, Failed
 
 from exgrpo_core import loop, metrics as M
 from exgrpo_core.algorithm import selection
@@ -28,15 +27,17 @@ from exgrpo_core.run.checkpoint import latest_checkpoint
 from exgrpo_core.run.session import Session, open_session
 from flows import monitor_events
 from flows.eval_tasks import TrainingEvaluator
+from flows.planned_end import planned_state, quiet_planned_ends
 from flows.plots import write_run_pictures
 from flows.run_report import FlowRunReport, cli_equivalent, link_tags, stage_name
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
-from flows.train_params import Preset, ReplayRatio, Steps, finished_run, run_config
+from flows.train_params import AlreadyFinishedError, Preset, ReplayRatio, Steps, finished_run, run_config
 
 # Set by the CLI to draw a progress display; called as progress(step, total, metrics).
 PROGRESS: list[Callable[[int, int, dict], None]] = []
 
 _task = task(cache_policy=NO_CACHE, persist_result=False)
+quiet_planned_ends()  # a worker's process imports this module before running the flow
 
 
 @_task
@@ -98,7 +99,8 @@ def _mark_ended_elsewhere(flow, flow_run, state) -> None:
     from exgrpo_core.run import locks
     from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 
-    cfg, _ = run_config(flow_run.parameters or {}, getattr(flow_run, "name", None), getattr(flow_run, "id", None))
+    cfg, _ = run_config(flow_run.parameters or {}, getattr(flow_run, "name", None), getattr(flow_run, "id", None),
+                        retry=getattr(flow_run, "run_count", 1) > 1)
     run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
     if locks.holds(run_dir):  # the flow runs in this process: its own `except` records the end
         return
@@ -127,7 +129,8 @@ def train(preset: Preset = "tiny", run_name: str | None = None, steps: Steps = N
           replay_ratio: ReplayRatio = None, seed: int | None = None, overrides: list[str] | None = None,
           config: ExGRPOConfig | None = None, parent_mlflow_run_id: str | None = None) -> dict:
     """Train with ExGRPO. Without a run name every flow run trains a new run, named
-    `<preset>-<flow run name>-<4 hex of its id>`; with one it continues that run (as `exgrpo train`).
+    `<preset>-<flow run name>-<4 hex of its id>` (a Retry of the flow run continues it); with one it
+    continues that run (as `exgrpo train`).
 
     Args:
         preset: A shipped preset in configs/ (tiny: seconds per step; cpu-demo: SmolLM2-135M on CPU;
@@ -143,14 +146,15 @@ def train(preset: Preset = "tiny", run_name: str | None = None, steps: Steps = N
     """
     params = dict(preset=preset, run_name=run_name, steps=steps, replay_ratio=replay_ratio, seed=seed,
                   overrides=overrides, config=config)
-    cfg, sets = run_config(params, current_flow_run.get_name(), current_flow_run.get_id())
+    cfg, sets = run_config(params, current_flow_run.get_name(), current_flow_run.get_id(),
+                           retry=current_flow_run.get_run_count() > 1)
     check_server(resolve_tracking_uri(cfg))  # a dead MLflow server fails before any work is done
     report = FlowRunReport(cfg.run.name, cfg.run.steps)
     done = finished_run(cfg)
     if done:  # never resume a finished run into a no-op that looks like success
         print(done["message"])
         report.nothing_trained(done["message"], done["mlflow_run_id"], done["id"])
-        return Cancelled(name="AlreadyFinished", message=done["message"])
+        return planned_state("AlreadyFinished", AlreadyFinishedError(done["message"]))
     evaluator = TrainingEvaluator(cfg) if cfg.eval.every or cfg.eval.final else None  # bad suites fail here
     s = open_session(cfg)
     tracker: MlflowRun | None = None
@@ -165,9 +169,10 @@ def train(preset: Preset = "tiny", run_name: str | None = None, steps: Steps = N
         tracker.end("FINISHED")
         s.store.update_run(s.run_id, status="finished")
         return summary
-    except monitor_events.MonitorStop as e:  # checkpoint_and_stop: the flow run ends Failed, without a traceback
+    except monitor_events.MonitorStop as e:  # checkpoint_and_stop: planned, Cancelled "Stopped", no traceback
         _record_end(s, tracker, "stopped")
-        return Failed(message=str(e), data=e)  # the caller gets the MonitorStop raised
+        print(f"run stopped: {e}")
+        return planned_state("Stopped", e)  # the caller gets the MonitorStop raised
     except BaseException as e:
         _record_end(s, tracker, "failed" if isinstance(e, Exception) else "killed")
         raise

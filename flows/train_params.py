@@ -3,7 +3,8 @@
 The form (Prefect's deployment "Run" page) offers the shipped presets as a choice, typed fields for
 the usual changes (`run_name`, `steps`, `replay_ratio`, `seed`) and the free `overrides` list. A run
 started from the form without a run name is a new run named `<preset>-<flow run name>-<4 hex of
-the flow run id>`, so clicking Run twice trains twice; a given run name continues that run as
+the flow run id>`, so clicking Run twice trains twice; a Retry of that flow run (same id, a later
+attempt) continues the run its first attempt started; a given run name continues that run as
 `exgrpo train` does. A run that already trained all its steps is never resumed silently:
 `finished_run` says so and the flow ends `Cancelled` ("AlreadyFinished") without touching it.
 """
@@ -17,6 +18,7 @@ from pydantic import Field
 
 from exgrpo_core.config.load import PRESETS_DIR, load_config
 from exgrpo_core.config.schema import ExGRPOConfig
+from flows.planned_end import PlannedEnd
 
 PRESETS = tuple(sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
 # A string whose form is a select box of the shipped presets; Python callers may still pass a YAML path.
@@ -24,11 +26,12 @@ Preset = Annotated[str, Field(json_schema_extra={"enum": list(PRESETS)})]
 Steps = Annotated[int | None, Field(ge=1)]
 ReplayRatio = Annotated[float | None, Field(ge=0, lt=1)]
 
+
+class AlreadyFinishedError(PlannedEnd):
+    """The run to resume already trained all its steps (the CLI's one-line error; the flow's AlreadyFinished)."""
+
+
 # typed form fields -> the config key each one sets
-class AlreadyFinishedError(RuntimeError):
-    """The run to resume already trained all its steps (the CLI's one-line error)."""
-
-
 TYPED_KEYS = {"run_name": "run.name", "steps": "run.steps", "replay_ratio": "buffer.replay_ratio", "seed": "run.seed"}
 
 
@@ -50,13 +53,14 @@ def new_run_name(preset_name: str, flow_run_name: str | None, flow_run_id) -> st
     return "-".join(p for p in (preset_name, flow_run_name or "run", tail) if p)
 
 
-def run_config(params: dict, flow_run_name: str | None = None,
-               flow_run_id=None) -> tuple[ExGRPOConfig, list[str] | None]:
+def run_config(params: dict, flow_run_name: str | None = None, flow_run_id=None,
+               retry: bool = False) -> tuple[ExGRPOConfig, list[str] | None]:
     """The config a train flow run with these parameters trains (also used by the flow's hooks), and the
     overrides that give it from the preset (None when `config` was given).
 
     `config` is used as is (the CLI and the comparison: resume by name). Otherwise preset + overrides +
-    typed fields; without a run name a new run named after the flow run (run.resume=never)."""
+    typed fields; without a run name the run named after the flow run: a new one (run.resume=never) on
+    the flow run's first attempt, the one that attempt started (run.resume=auto) on a `retry`."""
     if params.get("config"):
         cfg = params["config"]
         return (cfg if isinstance(cfg, ExGRPOConfig) else ExGRPOConfig.model_validate(cfg)), None
@@ -65,7 +69,8 @@ def run_config(params: dict, flow_run_name: str | None = None,
     cfg = load_config(preset, sets)
     if names_a_run(sets):
         return cfg, sets
-    sets += [f"run.name={new_run_name(cfg.preset, flow_run_name, flow_run_id)}", "run.resume=never"]
+    resume = "auto" if retry else "never"
+    sets += [f"run.name={new_run_name(cfg.preset, flow_run_name, flow_run_id)}", f"run.resume={resume}"]
     return load_config(preset, sets), sets
 
 

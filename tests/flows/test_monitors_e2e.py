@@ -1,7 +1,7 @@
 """End to end: a real tiny `exgrpo train` run trips monitors; one of them checkpoints and stops the run.
 
 What a user sees: the warn firing and the stopping one each reach Prefect's events API (resource
-`exgrpo.run.<id>`, related to the flow run, which ends Failed), MLflow (tags, `monitor/<name>`
+`exgrpo.run.<id>`, related to the flow run, which ends Cancelled "Stopped": a planned end), MLflow (tags, `monitor/<name>`
 metrics, status FAILED), the CLI (a warning line, then one `stopped:` line and exit status 3) and the
 database (`monitor/<name>` step metrics, status `stopped`); rerunning with the action relaxed resumes.
 """
@@ -89,7 +89,8 @@ def test_monitor_stops_a_real_run_and_reports_everywhere(tmp_path, prefect_serve
     flow_runs = [r.id for r in ev.related if r.role == "flow-run"]
     assert len(flow_runs) == 1
     with _client() as client:
-        assert client.read_flow_run(flow_runs[0].split(".")[-1]).state.is_failed()
+        state = client.read_flow_run(flow_runs[0].split(".")[-1]).state
+        assert state.is_cancelled() and state.name == "Stopped"
 
     # the same command with the action relaxed resumes from the stop's checkpoint and finishes
     code, out = _train(tiny_overrides, ["run.steps=2", "monitors.zero_variance.max=0.5"])

@@ -35,6 +35,12 @@ def test_a_form_run_without_a_name_is_a_new_run_named_after_its_flow_run():
     assert other.run.name == "cpu-demo-brave-otter-beef"  # the same flow run name twice: still two runs
 
 
+def test_a_retry_of_a_form_run_continues_the_run_its_first_attempt_started():
+    cfg, sets = run_config({"preset": "cpu-demo"}, "brave-otter", FLOW_RUN, retry=True)
+    assert cfg.run.name == "cpu-demo-brave-otter-3f2a" and cfg.run.resume == "auto"
+    assert sets[-2:] == ["run.name=cpu-demo-brave-otter-3f2a", "run.resume=auto"]
+
+
 @pytest.mark.parametrize("params", [{"run_name": "mine"}, {"overrides": ["run.name=mine"]}])
 def test_a_named_run_is_resumed_by_that_name(params):
     cfg, _ = run_config({"preset": "tiny", **params}, "brave-otter", FLOW_RUN)

@@ -1,0 +1,44 @@
+"""Planned ends of a training flow run as Prefect shows them: a grey Cancelled state named for the reason
+(`AlreadyFinished`: nothing to train; `Stopped`: a monitor's checkpoint_and_stop), one line saying why.
+
+Prefect's engine re-raises a Cancelled flow's outcome on its way out of a worker's process and logs it to
+the flow run as ERROR "Engine execution exited with unexpected exception" with its traceback
+(`prefect.flow_engine.run_flow`); `quiet_planned_ends` drops that one record when the exception is a
+`PlannedEnd`. Every other error is logged as before.
+"""
+
+from __future__ import annotations
+
+import logging
+
+# the loggers Prefect's engine reports an attempt's exception on (the flow run's log, the process's)
+ENGINE_LOGGERS = ("prefect.flow_runs", "prefect.engine")
+
+
+class PlannedEnd(RuntimeError):
+    """A run that ended as planned, not by an error; the message is the line the user reads."""
+
+
+def planned_state(name: str, end: PlannedEnd):
+    """The flow run's final state for a planned end: Cancelled (grey), named, the end as its data (so an
+    in-process caller of the flow gets `end` raised, as before)."""
+    from prefect.states import Cancelled
+
+    return Cancelled(name=name, message=str(end), data=end)
+
+
+class _DropPlannedEnds(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, PlannedEnd) and record.levelno >= logging.ERROR)
+
+
+_FILTER = _DropPlannedEnds()
+
+
+def quiet_planned_ends() -> None:
+    """Keep the engine's exit traceback of a planned end out of the flow run's log (idempotent)."""
+    for name in ENGINE_LOGGERS:
+        log = logging.getLogger(name)
+        if _FILTER not in log.filters:
+            log.addFilter(_FILTER)
