@@ -1,8 +1,9 @@
 """Prefect evaluation flow: a model, a checkpoint, or a training run's latest checkpoint on benchmark suites.
 
 A checkpoint of a training run attaches its results to that run (database run id and MLflow run,
-at the checkpoint's step; the MLflow run is not reopened, so its status and end time stay); a bare model (`model` or the config's `model.name_or_path`) gets an
-evaluation-only run `eval-<model>` in both. Settings come from the config's `eval` section.
+at the checkpoint's step; the MLflow run is not reopened, so its status and end time stay); a bare
+model (`model` or the config's `model.name_or_path`) gets an evaluation-only run `eval-<model>` in both.
+Settings come from the config's `eval` section.
 """
 
 from __future__ import annotations

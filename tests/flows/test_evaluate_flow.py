@@ -84,10 +84,19 @@ def test_eval_metrics_and_artifacts_reach_mlflow_and_are_declared(trained):
 
 
 def test_cli_evaluates_a_runs_checkpoint_into_that_run(trained):
+    import mlflow
+
     tmp, overrides, first, _, _ = trained
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
+    before = client.get_run(first["mlflow_run_id"]).info
     out_dir = tmp / "table"
     rc, out = _cli("evaluate", "--config", "tiny", *_sets(overrides), "--run", "ev", "--out", str(out_dir))
     assert rc == 0, out[-3000:]
+    after = client.get_run(first["mlflow_run_id"])
+    assert (after.info.status, after.info.end_time) == ("FINISHED", before.end_time), "evaluate reopened the run"
+    assert after.info.end_time - after.info.start_time == before.end_time - before.start_time  # its duration
+    assert after.data.tags["exgrpo.kind"] == "train"
+    assert "eval/step_000005/eval_table.md" in {f.path for f in client.list_artifacts(after.info.run_id, "eval/step_000005")}
     assert "| ev |" in out
     with ExperienceStore(f"sqlite:///{tmp / 'exp.db'}") as store:
         steps = [e["step"] for e in store.get_evals(first["run_id"]) if e["benchmark"] == "tiny-arith"]
