@@ -111,7 +111,7 @@ def check_reuse(archive: dict, rate: str, start: str, seeds: list[int]) -> None:
     is recorded in archive['reuse'] and the source's seeds are imported when it passes."""
     name = REUSE[rate]
     try:
-        source = seed_archive.load_existing(name)
+        source = seed_archive.load_existing(name, RESULTS)
     except seed_archive.ArchiveError as e:
         archive["reuse"] = {"source": name, "ok": False, "why": str(e)}
         return
@@ -159,7 +159,7 @@ def code_state() -> dict:
 
 
 def load_cells(start: str) -> dict[str, dict]:
-    return {r: seed_archive.load(cell_name(r), fingerprint(r, start)) for r in RATES}
+    return {r: seed_archive.load(cell_name(r), fingerprint(r, start), RESULTS) for r in RATES}
 
 
 def run(seeds: list[int], output_dir: str, threads: int) -> int:

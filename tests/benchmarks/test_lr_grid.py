@@ -95,3 +95,43 @@ def test_the_report_leads_with_the_pre_registered_verdict(tmp_path):
     assert curves["exgrpo"]["1e-4"][0] == [0, 50, 100]
     assert curves["exgrpo"]["1e-4"][1][1] == pytest.approx(np.mean([_area(2, "exgrpo", s) for s in seeds]))
     json.dumps(lr_grid_report.finite(rec), allow_nan=False)  # strict JSON
+
+
+def test_the_grid_runs_seed_major_checks_reuse_first_and_prints_only_seed_counts(tmp_path, monkeypatch, capsys):
+    import flows.compare.flow as compare_flow
+    import flows.prefect_api as prefect_api
+
+    calls = []
+
+    def fake_compare(preset, overrides, arms, seeds, name):
+        calls.append((seeds[0], name))
+        rate = lr_grid.RATES[[lr_grid.cell_name(x) for x in lr_grid.RATES].index(name)]
+        assert f"train.lr={rate}" in overrides and arms == lr_grid.ARMS and preset == "arith-fast"
+        runs = [_run(a, seeds[0], 0.4) for a in arms]
+        doc = {"rows": [r["row"] for r in runs], "curves": {f"{a}/s{seeds[0]}": r["curves"] for a, r in zip(arms, runs)},
+               "eval_questions": {f"{a}/s{seeds[0]}": r["questions"] for a, r in zip(arms, runs)}}
+        path = tmp_path / f"{name}-{seeds[0]}.json"
+        path.write_text(json.dumps(doc))
+        return {"files": {"json": str(path)}}
+
+    monkeypatch.setattr(lr_grid, "RESULTS", tmp_path)
+    monkeypatch.setattr(lr_grid, "start_model", lambda preset, overrides: START)
+    monkeypatch.setattr(lr_grid, "code_state", lambda: {"head": "abc1234"})
+    monkeypatch.setattr(prefect_api, "serve_prefect_api", lambda: None)
+    monkeypatch.setattr(compare_flow, "compare", fake_compare)
+    source = {**_cells([0, 1], arms=("on_policy", "exgrpo"))["1e-4"], "name": "af-ablations-2"}
+    source["fingerprint"] = {**source["fingerprint"], "overrides": []}  # the preset's own rate, 1e-4
+    source["seeds"]["0"]["results"] = [_run(a, 0, 0.4) for a in ("on_policy", "exgrpo")]  # what the rerun gives
+    (tmp_path / "arith_compare_af-ablations-2_seeds.json").write_text(json.dumps(source))
+    assert lr_grid.run([0, 1], str(tmp_path / "runs"), 1) == 0
+    cells = [lr_grid.cell_name(x) for x in lr_grid.RATES]
+    # seed 0: the two reuse candidates first; lr 1e-4 reproduced, so its seed 1 is imported, not run
+    assert calls == [(0, cells[0]), (0, cells[2]), (0, cells[1]), (0, cells[3]), (0, cells[4]),
+                     (1, cells[0]), (1, cells[1]), (1, cells[3]), (1, cells[4])]
+    lr1e4 = json.loads((tmp_path / f"arith_compare_{cells[2]}_seeds.json").read_text())
+    assert lr1e4["reuse"]["ok"] and lr1e4["reuse"]["imported_seeds"] == [1]
+    assert lr1e4["seeds"]["1"]["reused_from"] == "af-ablations-2" and lr1e4["seeds"]["0"]["code"] == {"head": "abc1234"}
+    lr3e5 = json.loads((tmp_path / f"arith_compare_{cells[0]}_seeds.json").read_text())
+    assert not lr3e5["reuse"]["ok"] and "no archive" in lr3e5["reuse"]["why"]
+    out = capsys.readouterr().out
+    assert "complete seed blocks: 2" in out and "area" not in out and "interval" not in out
