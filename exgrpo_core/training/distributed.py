@@ -2,12 +2,16 @@
 
 Rank 0 owns the experience database, MLflow and Prefect; the others hold the same model and follow
 its decisions through torch.distributed (gloo on CPU, NCCL on GPU). What moves between processes
-is plain records (questions to sample, rollouts, training rows), pickled by the object collectives.
+is plain records (questions to sample, rollouts), pickled by the object collectives, and tensors (a
+training batch), sent as raw bytes beside them (`broadcast`).
 With one process (or no process group) every helper is a no-op, so single-process code is unchanged.
 """
 
 from __future__ import annotations
 
+import io
+import math
+import pickle
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence, TypeVar
@@ -35,13 +39,75 @@ def topology() -> Topology:
     return Topology(0, 1)
 
 
+BROADCAST_BYTES = {"calls": 0, "pickled": 0, "tensors": 0}
+"""What `broadcast` has sent from this process's view, cumulative: the pickled part and the tensors' bytes."""
+_ALIGN = 16
+
+
+class _TensorPickler(pickle.Pickler):
+    """Pickles everything but plain dense tensors, which it lists (sent as raw bytes, not pickled)."""
+
+    def __init__(self, file, tensors: list):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.tensors = tensors
+
+    def persistent_id(self, obj):
+        if type(obj) is torch.Tensor and obj.layout == torch.strided and not obj.requires_grad:
+            self.tensors.append(obj)
+            return len(self.tensors) - 1
+        return None
+
+
+class _TensorUnpickler(pickle.Unpickler):
+    def __init__(self, file, tensors: list):
+        super().__init__(file)
+        self.tensors = tensors
+
+    def persistent_load(self, pid):
+        return self.tensors[pid]
+
+
+def _offsets(specs) -> tuple[list[int], int]:
+    """Byte offset of each tensor in the one flat buffer (each aligned), and the buffer's size."""
+    offsets, size = [], 0
+    for shape, dtype, _ in specs:
+        offsets.append(size)
+        size += -(-math.prod(shape) * dtype.itemsize // _ALIGN) * _ALIGN
+    return offsets, size
+
+
 def broadcast(obj: T | None, src: int = 0) -> T:
-    """`obj` from rank `src` on every rank."""
+    """`obj` from rank `src` on every rank. Plain tensors inside it (a training batch's token ids,
+    masks, advantages) travel as one flat byte buffer through `dist.broadcast` (on the GPU under NCCL);
+    only the rest is pickled (broadcast_object_list). Counted in BROADCAST_BYTES."""
     if topology().world == 1:
         return obj  # type: ignore[return-value]
-    box = [obj]
+    tensors: list[torch.Tensor] = []
+    head = None
+    if topology().rank == src:
+        buf = io.BytesIO()
+        _TensorPickler(buf, tensors).dump(obj)
+        head = (buf.getvalue(), [(tuple(t.shape), t.dtype, t.device.type) for t in tensors])
+    box = [head]
     dist.broadcast_object_list(box, src=src)
-    return box[0]
+    payload, specs = box[0]
+    BROADCAST_BYTES["calls"] += 1
+    BROADCAST_BYTES["pickled"] += len(payload)
+    if not specs:
+        return obj if topology().rank == src else pickle.loads(payload)
+    offsets, size = _offsets(specs)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    flat = torch.empty(size, dtype=torch.uint8, device=device)
+    if topology().rank == src:
+        for t, start in zip(tensors, offsets):
+            flat[start:start + t.numel() * t.element_size()].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+    dist.broadcast(flat, src=src)
+    BROADCAST_BYTES["tensors"] += sum(math.prod(shape) * dtype.itemsize for shape, dtype, _ in specs)
+    if topology().rank == src:
+        return obj  # type: ignore[return-value]
+    got = [flat[start:start + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape).to(kind)
+           for (shape, dtype, kind), start in zip(specs, offsets)]
+    return _TensorUnpickler(io.BytesIO(payload), got).load()
 
 
 def gather_lists(part: list[T]) -> list[T] | None:
