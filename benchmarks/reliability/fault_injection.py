@@ -17,7 +17,8 @@ counted as leaked, and killed). Per trial, the final state against the reference
     run ids and paths left out; lost = in the reference only, extra = in the trial only;
   - MLflow: duplicate points (more than one per metric and step), (metric, step) pairs missing or extra;
   - orphaned runs: database runs of the name other than one `finished`, MLflow runs not FINISHED.
-Writes benchmarks/results/fault_injection_<db>.json.
+Writes benchmarks/results/fault_injection_<db>.json. Targeted faults (the run lock's bypasses, a moved
+database) are benchmarks/reliability/scenarios.py.
 """
 
 from __future__ import annotations
