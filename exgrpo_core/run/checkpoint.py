@@ -138,7 +138,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     if optimizer_shards is not None:
         optimizer_shards(tmp / OPTIMIZER_SHARDS)
     optim = None if optimizer_shards is not None else optimizer.state_dict()
-    torch.save({"step": step, "optimizer": optim, "rng": rng_state(), "loop": loop_state}, tmp / STATE_FILE)
+    torch.save({"step": step, "optimizer": optim, "rng": rng_state(), "loop": loop_state, "manifest": True},
+               tmp / STATE_FILE)  # "manifest": a missing manifest.json is damage, not an older checkpoint
     if background is not None:
         _PENDING[root] = (tmp, final, keep, background)
         return final
@@ -250,7 +251,13 @@ def verify_checkpoint(folder: str | Path, hashes: bool = True) -> str | None:
     `hashes=False` checks the files' presence and sizes only (a just-written checkpoint)."""
     folder = Path(folder)
     if not (folder / MANIFEST).is_file():
-        return None if (folder / STATE_FILE).is_file() else f"{STATE_FILE} is missing"
+        if not (folder / STATE_FILE).is_file():
+            return f"{STATE_FILE} is missing"
+        try:  # written with a manifest (its state says so): the manifest was deleted, nothing can be checked
+            written = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False, mmap=True).get("manifest")
+        except Exception as err:  # noqa: BLE001 - an unreadable state is damage too
+            return f"{STATE_FILE} is unreadable ({type(err).__name__})"
+        return f"{MANIFEST} is missing" if written else None
     try:
         files = json.loads((folder / MANIFEST).read_text())["files"]
     except (ValueError, KeyError, TypeError):

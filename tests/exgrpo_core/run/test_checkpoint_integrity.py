@@ -91,3 +91,19 @@ def test_session_resumes_from_the_older_checkpoint_when_the_latest_is_truncated(
         assert s2.resumed_from == 0 and s2.step == 1
     finally:
         s2.close()
+
+
+def test_a_deleted_manifest_does_not_turn_the_checks_off(tmp_path):
+    """Issue 35 item 7: deleting manifest.json made a checkpoint look older than manifests, so corrupt
+    weights loaded silently; a checkpoint written with one is now damaged without it."""
+    older, latest = _save(tmp_path, 1), _save(tmp_path, 2)
+    (latest / checkpoint.MANIFEST).unlink()
+    _truncate(latest / "model.safetensors")
+    assert checkpoint.verify_checkpoint(latest) == f"{checkpoint.MANIFEST} is missing"
+    with pytest.warns(UserWarning, match="step_000003 is damaged"):
+        assert checkpoint.resume_point(tmp_path) == older
+    state = torch.load(older / checkpoint.STATE_FILE, weights_only=False)
+    del state["manifest"]  # a checkpoint from before manifests: still accepted without one
+    torch.save(state, older / checkpoint.STATE_FILE)
+    (older / checkpoint.MANIFEST).unlink()
+    assert checkpoint.verify_checkpoint(older) is None
