@@ -81,12 +81,15 @@ class Session:
         """Checkpoint the completed step `self.step - 1` (FSDP2: weights gathered or per process as
         run.checkpoint_weights says, optimiser per process)."""
         shards = self.cfg.run.checkpoint_weights == "sharded"
-        return checkpoint.save_checkpoint(
+        path = checkpoint.save_checkpoint(
             self.run_dir, self.step - 1, self.accelerator.unwrap_model(self.model), self.tokenizer,
             self.optimizer, self.loop_state(), keep=self.cfg.run.keep_checkpoints,
             model_state=None if shards else self.team.model_state(), optimizer_shards=self.team.optimizer_writer(),
             model_shards=self.team.model_writer() if shards else None,
-            background=fsdp.wait_writes if self.cfg.run.async_checkpoint and self.step < self.cfg.run.steps else None)
+            background=fsdp.wait_writes if self.cfg.run.async_checkpoint else None)
+        if self.step >= self.cfg.run.steps:  # the run's last checkpoint is complete when this returns
+            checkpoint.finish_pending(self.run_dir)
+        return path
 
     def close(self) -> None:
         for fn in reversed(self._closers):
