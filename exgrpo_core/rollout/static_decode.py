@@ -87,6 +87,8 @@ class InferenceCopy:
                 module = _plain_class(master)(config)
             module.to_empty(device=device)
             module.to(self.dtype)
+            if hasattr(module, "tie_weights"):
+                module.tie_weights()  # to_empty gives each module its own tensor: tied embeddings come apart
             for name, buf in master.named_buffers():
                 owner, _, leaf = name.rpartition(".")
                 module.get_submodule(owner)._buffers[leaf] = buf.detach().to(device, copy=True)

@@ -14,10 +14,10 @@ from exgrpo_core.rollout.static_decode import InferenceCopy
 TEXTS = ("1+2=", "31+4=", "7*8=", "100-1=", "5+5=")
 
 
-def _engine(seed=0):
+def _engine(seed=0, **overrides):
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=seed,
-                             config_overrides={"num_key_value_heads": 2})  # grouped-query, as Qwen2.5
+                             config_overrides={"num_key_value_heads": 2, **overrides})  # grouped-query, as Qwen2.5
     return TransformersEngine(model, tok, batch_size=64)
 
 
@@ -113,8 +113,10 @@ def test_no_host_sync_between_end_checks(engine):
         assert ops == (["nonzero"] if (t + 1) % 4 == 0 else []), (t, ops)
 
 
-def test_inference_copy_is_the_bf16_cast_of_the_masters_after_each_step():
-    engine = _engine(seed=1)
+@pytest.mark.parametrize("tied", [False, True])
+def test_inference_copy_is_the_bf16_cast_of_the_masters_after_each_step(tied):
+    engine = _engine(seed=1, tie_word_embeddings=tied)
+    assert (engine.model.lm_head.weight is engine.model.get_input_embeddings().weight) == tied
     engine.decoder = "static"
     prompts = [engine.tokenizer(t)["input_ids"] for t in TEXTS[:2]]
     opt = torch.optim.AdamW(engine.model.parameters(), lr=1e-2)
@@ -134,6 +136,8 @@ def test_inference_copy_is_the_bf16_cast_of_the_masters_after_each_step():
                     for m, p in zip(copy.parameters(), engine.model.parameters()))
         assert stale > 0  # the step moved the masters; the next generate must refresh the copy
     assert engine.inference.refreshes == 2 and engine.inference_dtype == torch.bfloat16
+    copy = engine.inference.module
+    assert (copy.lm_head.weight is copy.get_input_embeddings().weight) == tied
 
 
 def test_a_shorter_call_reuses_the_longer_cache_and_samples_alike(engine):
