@@ -19,6 +19,9 @@ def test_gpu_check_runs_tiny_on_cpu(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
+    decode = json.loads((tmp_path / "decode.json").read_text())["results"]
+    errors = {k: v["error"] for k, v in decode.items() if isinstance(v, dict) and "error" in v}
+    assert not errors, f"sampling paths failed on the shrunk real-shape preset: {errors}"
     assert all(summary[name]["returncode"] == 0 for name in ("decode", "train_step", "fsdp_check", "cuda_tests")), summary
     got = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in SECTIONS}
     for name, d in got.items():
