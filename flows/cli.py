@@ -72,16 +72,16 @@ def _preflight(cfg, run_dir: Path) -> None:
     from exgrpo_core.data import questions as data
     from exgrpo_core.run import checkpoint
     from exgrpo_core.run.locks import lock_run, make_run_dir
-    from exgrpo_core.store.engine import create_store_engine, parse_url
-    from exgrpo_core.store.experience_store import resolve_db_url
+    from exgrpo_core.store.engine import create_store_engine, parse_url, resolve_db_url
     from flows.tracking import check_server
 
-    from exgrpo_core.run.session import check_context, check_database
+    from exgrpo_core.run.session import check_context, check_database, check_golds
 
     check_context(cfg)  # prompt + response must fit the model's positions (read from its config)
     questions = data.load_questions(
         cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
         system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction, max_questions=cfg.data.max_questions)
+    check_golds(cfg, questions)  # no usable gold answer at all: one line now, not after Prefect starts
     make_run_dir(run_dir)  # the default SQLite database lives in it (removed if the start fails)
     db_url = resolve_db_url(cfg.run.db_url, run_dir)
     url = parse_url(db_url)

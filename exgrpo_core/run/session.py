@@ -193,10 +193,40 @@ def check_database(ckpt: Path | None, db_url: str) -> None:
         f"{ckpt.parent} aside to start the run again")
 
 
+_GOLD_VERDICTS: dict[str, str | None] = {}
+"""Gold answer -> why it cannot be parsed (None: it can); graded once per process (CLI checks, then session)."""
+
+
+def _gold_problems(verifier: MathVerifier, answers: list[str]) -> dict[str, str]:
+    """The unusable golds among `answers` -> why. A gold graded before in this process is not graded again;
+    the verifier is told of the bad ones (it scores them at once)."""
+    todo = sorted({a for a in answers if a not in _GOLD_VERDICTS})
+    fresh = verifier.check_golds(todo) if todo else {}
+    _GOLD_VERDICTS.update({a: fresh.get(a) for a in todo})
+    bad = {a: _GOLD_VERDICTS[a] for a in set(answers) if _GOLD_VERDICTS[a]}
+    if bad.keys() - fresh.keys():
+        verifier.check_golds(sorted(bad.keys() - fresh.keys()))
+    return bad
+
+
+def check_golds(cfg: ExGRPOConfig, questions: list[Question]) -> None:
+    """Before anything slow (the CLI: before Prefect starts), one DataError line when no question has a
+    usable gold answer; dropping some is warned once, when the session opens."""
+    verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
+    try:
+        bad = _gold_problems(verifier, [q.answer for q in questions])
+    finally:
+        verifier.close()
+    if questions and all(q.answer in bad for q in questions):
+        rows = ", ".join(f"{q.uid} ({bad[q.answer]})" for q in questions[:10])
+        more = f" and {len(questions) - 10} more" if len(questions) > 10 else ""
+        raise data.DataError(f"no question has a usable gold answer: {rows}{more}")
+
+
 def _usable(questions: list[Question], verifier: MathVerifier, where: dict[str, str]) -> list[Question]:
     """Drop the questions whose gold answer cannot be parsed within the timeout (checked once, here),
     with one warning naming their rows; a set with no usable gold left is an error."""
-    bad = verifier.check_golds([q.answer for q in questions])
+    bad = _gold_problems(verifier, [q.answer for q in questions])
     if not bad:
         return questions
     dropped = [q for q in questions if q.answer in bad]

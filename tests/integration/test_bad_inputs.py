@@ -26,7 +26,7 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
     (tmp / "latin1.jsonl").write_bytes(b'{"question": "caf\xe9 1+1=", "answer": "2"}\n')
     (tmp / "surrogate.jsonl").write_text('{"question": "x \\ud800 1+1=", "answer": "2"}\n' + _rows_text(good))
     nul = _rows(tmp / "nul.jsonl", [{"question": "a\x00b", "answer": "1"}, *good])
-    golds = _rows(tmp / "golds.jsonl", [{"question": "q", "answer": "\\frac{"}])
+    golds = _rows(tmp / "golds.jsonl", [{"question": "q", "answer": "$$"}, {"question": "r", "answer": "\\boxed{"}])
     long = _rows(tmp / "long.jsonl", [{"question": "x" * 5_000_000, "answer": "1"}, *good])
     return {
         "non-UTF-8 data file": [f"data.train_path={tmp / 'latin1.jsonl'}"],
@@ -61,8 +61,8 @@ def one_early_line(rc: int, out: str) -> bool:
 
 
 CASES = ["non-UTF-8 data file", "lone surrogate in a question", "NUL in a question on PostgreSQL", "missing model path",
-         "zero-size tiny model", "lr=inf", "5 MB prompt", "run.name escaping the output folder"]
-# Not yet early: "no parseable gold answer" (the golds are graded once, in the session, after Prefect starts).
+         "no parseable gold answer", "zero-size tiny model", "lr=inf", "5 MB prompt",
+         "run.name escaping the output folder"]
 
 
 @pytest.mark.parametrize("case", CASES)
