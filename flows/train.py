@@ -277,12 +277,17 @@ def _record_end(s: Session, tracker: MlflowRun | None, status: str) -> None:
     """Mark the run failed (an error), stopped (by a monitor; MLflow FAILED) or killed (Ctrl-C, a Prefect
     cancellation's SIGTERM) in MLflow and the database; a failure to record is reported, never raised over
     the error that ended the run."""
-    try:
+    try:  # each service on its own: MLflow being down must not leave the database saying `running`
         if tracker is not None:
             tracker.end("FAILED" if status == "stopped" else status.upper())
+    except Exception as e:  # noqa: BLE001
+        print(f"could not record run {s.run_id} as {status} in MLflow ({getattr(tracker, 'uri', '?')}): "
+              f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
+    try:
         s.store.update_run(s.run_id, status=status)
     except Exception as e:  # noqa: BLE001
-        print(f"could not record run {s.run_id} as {status}: {e}")
+        print(f"could not record run {s.run_id} as {status} in the experience database: "
+              f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
 
 
 def _summary(s: Session, last: dict) -> dict:
