@@ -44,26 +44,31 @@ def generation_args(cfg: ExGRPOConfig) -> dict:
 
 
 class EvalProgress:
-    """Progress lines of a running evaluation, `label: done/total questions, N s`: one per generated chunk
-    (the `progress` callback of `generate_and_grade`) and one every `every_s` seconds between them, so
-    a long batch (cpu-demo evaluates its 78 questions in one) is never silent."""
+    """Progress lines of a running evaluation, `label: done/total questions, N s`: after a generated chunk
+    (the `progress` callback of `generate_and_grade`) once `min_gap_s` passed since the last line, after the
+    last chunk always, and every `every_s` seconds without one, so a long batch (cpu-demo evaluates its 78
+    questions in one) is never silent and a 3-second evaluation is one line, not one per chunk."""
 
-    def __init__(self, label: str, total: int, every_s: float = 30.0):
-        self.label, self.total, self.every_s = label, total, every_s
+    def __init__(self, label: str, total: int, every_s: float = 30.0, min_gap_s: float = 5.0):
+        self.label, self.total, self.every_s, self.min_gap_s = label, total, every_s, min_gap_s
         self.done, self.t0 = 0, time.perf_counter()
+        self.said = self.t0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True, name="eval-progress")
 
     def __call__(self, done: int, total: int) -> None:
         self.done, self.total = done, total
-        self.say()
+        if done >= total or time.perf_counter() - self.said >= self.min_gap_s:
+            self.say()
 
     def say(self) -> None:
-        print(f"{self.label}: {self.done}/{self.total} questions, {time.perf_counter() - self.t0:.0f} s", flush=True)
+        self.said = time.perf_counter()
+        print(f"{self.label}: {self.done}/{self.total} questions, {self.said - self.t0:.0f} s", flush=True)
 
     def _beat(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.say()
+            if time.perf_counter() - self.said >= self.every_s * 0.99:
+                self.say()
 
     def __enter__(self) -> "EvalProgress":
         self._thread.start()
