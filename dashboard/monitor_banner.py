@@ -1,7 +1,7 @@
 """The monitor banner of the Runs and Buffer pages: which replay-health monitors fired in the shown runs.
 
-`banner_lines` is plain (tested without Streamlit); `render` draws one warning (or, for a run a
-monitor stopped, an error) per run. docs/monitors.md.
+`banner_lines` is plain (tested without Streamlit); `render` draws, in one collapsible box, one warning
+(or, for a run a monitor stopped, an error) per run, the run updated last first. docs/monitors.md.
 """
 
 from __future__ import annotations
@@ -53,11 +53,18 @@ def banner_lines(firings: pd.DataFrame, settings: pd.DataFrame) -> list[tuple[st
 
 
 def render(url: str, run_ids: tuple[str, ...]) -> None:
-    """One banner per run (at most MAX_RUNS) whose monitors fired; nothing when none did."""
+    """One banner per run of `run_ids` (the shown runs; at most MAX_RUNS) whose monitors fired, in an
+    expander open while a run in it was stopped by a monitor; nothing when none fired."""
     if not run_ids:
         return
     lines = banner_lines(_firings(url, run_ids), _settings(url, run_ids))
-    for level, text in lines[:MAX_RUNS]:
-        (st.error if level == "error" else st.warning)(text, icon=":material/monitor_heart:")
-    if len(lines) > MAX_RUNS:
-        st.warning(f"... and {len(lines) - MAX_RUNS} more runs with monitor firings.")
+    if not lines:
+        return
+    stopped = sum(level == "error" for level, _ in lines)
+    title = f"Monitors fired in {len(lines)} of the {len(run_ids)} shown runs"
+    title += f" ({stopped} stopped)" if stopped else ""
+    with st.expander(title, expanded=bool(stopped), icon=":material/monitor_heart:"):
+        for level, text in lines[:MAX_RUNS]:
+            (st.error if level == "error" else st.warning)(text, icon=":material/monitor_heart:")
+        if len(lines) > MAX_RUNS:
+            st.warning(f"... and {len(lines) - MAX_RUNS} more runs with monitor firings.")

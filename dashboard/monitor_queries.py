@@ -31,9 +31,10 @@ def monitor_firings(url: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
 
 
 def run_settings(url: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
-    """[id, name, status, config_json] of the runs (the monitors' bounds and actions are in the config)."""
+    """[id, name, status, config_json] of the runs (the monitors' bounds and actions are in the config), the
+    run updated last first."""
     stmt = (select(Run.id, Run.name, Run.status, Run.config_json).where(Run.id.in_(run_ids))
-            .order_by(Run.created_at.desc()))
+            .order_by(Run.updated_at.desc(), Run.created_at.desc()))
     with reading(url, "runs") as conn:
         return _frame(conn, stmt, ["id", "name", "status", "config_json"])
 

@@ -110,6 +110,17 @@ def replay_buckets(url: str, run_id: str) -> pd.DataFrame:
         return _frame(conn, stmt, ["k", "replayed"]).astype({"k": int, "replayed": int})
 
 
+def replay_ratio(url: str, run_id: str) -> float | None:
+    """The run's `buffer.replay_ratio` from its stored config (None when the config does not say)."""
+    with reading(url, "the run's config") as conn:
+        row = conn.execute(select(Run.config_json).where(Run.id == run_id)).one_or_none() if conn is not None else None
+    try:
+        value = json.loads((row[0] if row else None) or "{}").get("buffer", {}).get("replay_ratio")
+    except ValueError:
+        return None
+    return None if value is None else float(value)
+
+
 def target_weights(url: str, run_id: str) -> tuple[dict[int, float], str]:
     """The run's question-selection weights w(k/K), k = 1..K-1 (`selection.bucket_weights` on the run's stored
     config), normalised to sum 1, and the weighting's name; ({}, reason) when they cannot be derived."""

@@ -41,6 +41,7 @@ mlflow_history = _cached(mlflow_reader.metric_history)
 mlflow_run_info = _cached(mlflow_reader.run_info)
 replay_buckets = _cached(queries.replay_buckets)
 target_weights = _cached(queries.target_weights)
+replay_ratio = _cached(queries.replay_ratio)
 
 
 @contextmanager

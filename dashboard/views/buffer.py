@@ -25,7 +25,7 @@ def _curves(m: pd.DataFrame, keys: dict, multi: bool) -> tuple[pd.DataFrame, str
     return (d, "run", "series") if multi else (d, "series", None)
 
 
-def _headline(run, m: pd.DataFrame, label: str | None) -> None:
+def _headline(run, m: pd.DataFrame, label: str | None, ratio: float | None) -> None:
     if label:
         st.markdown(f"**{label}**")
     last = m[m.step == m.step.max()].set_index("key")["value"]
@@ -35,7 +35,10 @@ def _headline(run, m: pd.DataFrame, label: str | None) -> None:
     start = _start(run)
     cols[3].metric("replay on since step", str(start) if start is not None else "never")
     who = f"{run['name']}: r" if label else "R"
-    if start is None:
+    if ratio == 0:
+        st.info(f"{who}eplay is off in this run: `buffer.replay_ratio` is 0 (plain on-policy GRPO). Buckets and "
+                "retired questions are still tracked.")
+    elif start is None:
         st.info(f"{who}eplay never became active in this run: it stays on-policy until a step's fraction of correct "
                 "rollouts passes `buffer.start_threshold`. Buckets and retired "
                 "questions are still tracked; the pool starts collecting once replay is on.")
@@ -132,7 +135,8 @@ def body(url: str, chosen: pd.DataFrame, names: dict[str, str]) -> None:
         if mine.empty:
             st.info(f"Run {run.name} has not completed a step yet: the buffer fills in after its first step.")
         else:
-            _headline(chosen[chosen.id == run.id].iloc[0], mine, names[run.id] if multi else None)
+            _headline(chosen[chosen.id == run.id].iloc[0], mine, names[run.id] if multi else None,
+                      ui.replay_ratio(url, run.id))
     if m.empty:
         return
     start = None if multi else _start(chosen.iloc[0])  # one replay-start rule per chart, for one run only

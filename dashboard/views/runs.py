@@ -19,11 +19,13 @@ def render() -> None:
     url = db.database_url()
     ui.sidebar(url)
     runs = ui.runs_or_stop(url)
-    monitor_banner.render(url, tuple(runs.id))
+    banner = st.container()  # the selected runs' monitor firings, filled once the selection is known
     counts = runs["status"].value_counts()
-    cols = st.columns(4)
+    shown = ["running", "finished", "failed", "stopped", "killed"]  # every status a run ends in: they add up
+    shown += sorted(set(counts.index) - set(shown))
+    cols = st.columns(1 + len(shown))
     cols[0].metric("runs", len(runs))
-    for col, status in zip(cols[1:], ("running", "finished", "failed")):
+    for col, status in zip(cols[1:], shown):
         col.metric(status, int(counts.get(status, 0)))
     st.caption("Key metrics are those of each run's last completed step; `replay` says whether experience "
                "replay is on (it starts once a step's fraction of correct rollouts passes the threshold).")
@@ -33,6 +35,8 @@ def render() -> None:
 
     st.subheader("Select runs")
     chosen = ui.pick_runs(runs, where=st)
+    with banner:
+        monitor_banner.render(url, tuple(chosen))
     if not chosen:
         st.info("Select one or more runs to see their curves here and compare them on the Results page.")
         return

@@ -50,6 +50,55 @@ def test_runs_and_buffer_pages_show_the_banner(dashboard_env):
         assert "**exgrpo**" in text and all(f"`{k[len(M.MONITOR_PREFIX):]}`" in text for k in fired), text
 
 
+def test_runs_page_banners_only_the_selected_runs_in_a_collapsible_box(dashboard_env):
+    from streamlit.testing.v1 import AppTest
+    from test_pages import APP
+
+    t = dashboard_env
+    fired = dict(t.sql("select r.name, count(*) from step_metrics m join runs r on r.id = m.run_id "
+                       "where m.key like 'monitor/%' group by r.name"))
+    assert set(fired) == {"exgrpo", "on-policy"}, fired  # both random tiny starts trip fresh_entropy
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.query_params["run"] = t.ids["on-policy"]  # the Prefect artifact's dashboard link to one run
+    at.run()
+    assert not at.exception, at.exception
+    text = "\n".join(w.value for w in at.warning)
+    assert "**on-policy**" in text and "**exgrpo**" not in text, text  # not every run in the database
+    (box,) = [e for e in at.expander if e.label.startswith("Monitors fired in 1 of the 1 shown runs")]
+    assert [w.value for w in box.warning] == [w.value for w in at.warning]
+
+
+def test_runs_page_counters_add_up_with_stopped_and_killed_runs(dashboard_env, monkeypatch, tmp_path):
+    import shutil
+
+    import sqlalchemy as sa
+
+    t = dashboard_env
+    db = tmp_path / "exp.db"
+    shutil.copy(t.folder / "exp.db", db)
+    engine = sa.create_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:  # one run stopped by a monitor, one killed
+        conn.execute(sa.text("update runs set status='stopped' where name='exgrpo'"))
+        conn.execute(sa.text("update runs set status='killed' where name='on-policy'"))
+    engine.dispose()
+    monkeypatch.setenv("EXGRPO_DB_URL", f"sqlite:///{db}")
+    from streamlit.testing.v1 import AppTest
+    from test_pages import APP
+
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    assert not at.exception, at.exception
+    shown = metrics_of(at)
+    assert shown["runs"] == "2" and shown["stopped"] == "1" and shown["killed"] == "1", shown
+    assert sum(int(shown[s]) for s in ("running", "finished", "failed", "stopped", "killed")) == 2
+
+
+def test_buffer_page_names_a_zero_replay_ratio_as_why_replay_is_off(dashboard_env):
+    at = open_page("buffer", dashboard_env.ids["on-policy"])  # replay_ratio=0 (and a threshold no step passes)
+    text = "\n".join(i.value for i in at.info)
+    assert "Replay is off in this run: `buffer.replay_ratio` is 0" in text and "start_threshold" not in text, text
+
+
 def test_staleness_page_shows_the_replayed_ages_of_the_database(dashboard_env):
     t = dashboard_env
     rid = t.ids["exgrpo"]
