@@ -165,6 +165,10 @@ class RolloutConfig(_Section):
     of the policy refreshed each `generate` call, fixed-shape steps, on CUDA under torch.compile with CUDA
     graphs; the same sampler), `generate` (transformers' loop; the samples differ for a seed), or `auto`:
     `static` on CUDA, `eager` on the CPU."""
+    decode_compact_every: int = Field(default=16, ge=1)
+    """(transformers, eager and static decoders) End-of-sequence checks (and the eager decoder's row
+    compaction) run after every this many steps: the loop's only host syncs (one each). Between them
+    finished rows are fed the pad token and their outputs masked: the same samples for any value."""
     decode_streams: int = Field(default=0, ge=0)
     """(transformers, own decoder, CPU) Decode each batch of sampling and evaluation in this many parts,
     each in its own Python thread with its share of torch's threads (0: auto, min(2, torch threads));

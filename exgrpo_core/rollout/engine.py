@@ -81,7 +81,7 @@ class TransformersEngine:
         # (rollout/packed.py); "torch": torch's own product (`rollout.decode_matmul`)
         self.packed_layers = 0  # layers the last `generate` call multiplied on packed weights
         self.row_steps = 0  # decode row-steps computed so far (rows in a forward, summed over steps)
-        self.compact_every = 16  # (own) end-of-sequence checks and row compaction every this many steps
+        self.compact_every = 16  # (eager, static) end-of-sequence checks (and compaction) every this many steps
         # (`rollout.decode_compact_every`): the decode loop's only host syncs
 
     def sampling_path(self, device: torch.device) -> str:

@@ -419,6 +419,7 @@ def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str):
                                     batch_size=cfg.rollout.generation_batch_size)
         engine.decoder, engine.streams = cfg.rollout.decoder, cfg.rollout.decode_streams
         engine.matmul = cfg.rollout.decode_matmul
+        engine.compact_every = cfg.rollout.decode_compact_every
         return engine
     if cfg.rollout.engine == "remote":  # the server may hold other weights (another run, a checkpoint): push
         from functools import partial

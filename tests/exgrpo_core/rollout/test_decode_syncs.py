@@ -60,3 +60,12 @@ def test_compaction_interval_changes_no_sample(engine):
     assert (five.tokens[:, width:] == engine.pad_id).all()
     assert torch.allclose(five.logprobs[:, :width], one.logprobs, atol=1e-6)
     assert one.row_steps <= five.row_steps
+
+
+def test_the_interval_and_decoder_come_from_the_config(engine):
+    from exgrpo_core.config.schema import ExGRPOConfig
+    from exgrpo_core.run.session import _make_engine
+
+    cfg = ExGRPOConfig.model_validate({"rollout": {"decode_compact_every": 5, "decoder": "own"}})
+    made = _make_engine(cfg, engine.model, engine.tokenizer, "test")
+    assert made.compact_every == 5 and made.decoder == "eager"
