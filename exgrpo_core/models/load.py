@@ -226,7 +226,9 @@ def empty_model(config, dtype: str = "float32") -> PreTrainedModel:
     if dtype not in _DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}")
     with init_empty_weights(include_buffers=False):
-        return AutoModelForCausalLM.from_config(config, dtype=_DTYPES[dtype])
+        model = AutoModelForCausalLM.from_config(config, dtype=_DTYPES[dtype])
+    model.tie_weights()  # tied embeddings (tie_word_embeddings) are one parameter, as from_pretrained leaves them
+    return model
 
 
 def empty_from_checkpoint(path: str, dtype: str = "float32",

@@ -92,3 +92,35 @@ def test_sharded_start_holds_no_whole_model_outside_rank_0(tmp_path):
     assert got[1]["grown_mb"] < 0.75 * whole_mb, (got[1]["grown_mb"], whole_mb)
     for r in (0, 1):  # from weight shards no process holds the whole model, rank 0 included
         assert got[r]["grown_shards_mb"] < 0.75 * whole_mb, (r, got[r]["grown_shards_mb"], whole_mb)
+
+
+def _tied(rank: int) -> dict:
+    from exgrpo_core.config.schema import ExGRPOConfig
+    from exgrpo_core.models.load import load_policy
+    from exgrpo_core.run import sharded_start
+    from exgrpo_core.run.session import make_accelerator
+    from exgrpo_core.training import fsdp
+
+    make_accelerator(ExGRPOConfig())  # the gloo process group
+    tie = {"tie_word_embeddings": True}
+    model, _ = sharded_start.load_sharded_policy("tiny", device=torch.device("cpu"), bf16=False, shape=(2,),
+                                                 hf_overrides=tie)
+    full = fsdp.full_model_state(model)
+    out = {"tied": model.lm_head.weight is model.model.embed_tokens.weight}
+    if rank == 0:
+        ref = load_policy("tiny", hf_overrides=tie)[0].state_dict()
+        out["same"] = full.keys() == ref.keys() and all(torch.equal(full[k], ref[k]) for k in ref)
+    return out
+
+
+def _spawned_tied(rank: int, port: int, out):
+    as_rank(rank, port, out, _tied)
+
+
+def test_tied_embeddings_stay_one_parameter():
+    """SmolLM2 ties its embeddings: built on the meta device they must be tied before sharding, or the
+    head and the embedding would train apart."""
+    items, codes = run_two(_spawned_tied, timeout=180)
+    got = dict(items)
+    assert not [r["error"] for r in got.values() if "error" in r] and codes == [0, 0]
+    assert got[0]["tied"] and got[1]["tied"] and got[0]["same"]
