@@ -48,7 +48,7 @@ def profile(generate, steps: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    from exgrpo_core.training.host_syncs import counting
+    from exgrpo_core.observe.host_syncs import counting
 
     with counting() as syncs:
         generate(steps)

@@ -109,7 +109,7 @@ def main() -> None:
 
     from exgrpo_core.run.session import open_session
     from exgrpo_core.training.flops import model_train_flops
-    from exgrpo_core.training.host_syncs import counting
+    from exgrpo_core.observe.host_syncs import counting
 
     rep = Report("train_step", args)
     peak = peak_tflops()

@@ -1,6 +1,6 @@
 """Host synchronisations per optimiser step of the training step on a CPU (the GPU-stall proxy of issue 32):
 one `optimise` call over 8 rows of a tiny GQA model at 1, 4 and 8 micro-batches, for padded micro-batches
-with and without prompt sharing and for packed ones, counted by `exgrpo_core/training/host_syncs.py`.
+with and without prompt sharing and for packed ones, counted by `exgrpo_core/observe/host_syncs.py`.
 Writes benchmarks/results/train_host_syncs.json and prints a table. `--old DIR`: run the same count on
 another tree's exgrpo_core (e.g. `git archive <commit> exgrpo_core | tar -x -C DIR`, host_syncs.py copied in).
 
@@ -27,7 +27,7 @@ def count() -> dict:
     from exgrpo_core.algorithm import losses
     from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
     from exgrpo_core.training.batch import collate
-    from exgrpo_core.training.host_syncs import counting
+    from exgrpo_core.observe.host_syncs import counting
     from exgrpo_core.training.optimise import optimise
     from exgrpo_core.types import Rollout
 

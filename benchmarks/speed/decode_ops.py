@@ -32,7 +32,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 from exgrpo_core.rollout import decode as current  # noqa: E402
 from exgrpo_core.rollout.engine import left_padded  # noqa: E402
-from exgrpo_core.rollout.host_syncs import HostSyncCounter  # noqa: E402
+from exgrpo_core.observe.host_syncs import HostSyncCounter  # noqa: E402
 from exgrpo_core.rollout.static_decode import InferenceCopy, StaticDecoder  # noqa: E402
 from exgrpo_core.training.forward_parts import cache_of  # noqa: E402
 

@@ -2,7 +2,6 @@
 
   engine        the protocol and the transformers engine (CPU and GPU)
   decode        its eager decode loop and sampler (CPU); static_decode: the GPU path (bf16 copy, fixed shapes)
-  host_syncs    counts the host synchronisations of a decode step
   vllm_engine   vLLM, colocated with the trainer
   remote        a stock `vllm serve` on another node, through vLLM's RL routes and weight transfer
   sync          push weights to an external engine and prove they landed

@@ -6,7 +6,6 @@
   optimise       one training step (accumulation, clipping, skip rule)
   packing        padding-free packed micro-batches and their attention
   layout         default sharding / checkpointing by model size and GPU count
-  host_syncs     counts the host synchronisations of a training step
   team           one or several processes: sampling, scoring, stepping
   distributed    process group helpers
   fsdp           FSDP2 wrapping and whole-tensor gathers

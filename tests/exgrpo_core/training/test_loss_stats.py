@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from exgrpo_core.algorithm import losses
-from exgrpo_core.training.host_syncs import counting
+from exgrpo_core.observe.host_syncs import counting
 
 
 def _inputs(replay_rows):

@@ -13,7 +13,7 @@ from exgrpo_core.algorithm import losses
 from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.training import packing
 from exgrpo_core.training.batch import collate, micro_batch_rows
-from exgrpo_core.training.host_syncs import counting
+from exgrpo_core.observe.host_syncs import counting
 from exgrpo_core.training.optimise import optimise
 from exgrpo_core.types import Rollout
 
