@@ -21,6 +21,8 @@ from exgrpo_core.config.schema import ExGRPOConfig
 from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 from flows.compare import parallel as par, report
 from flows.compare.arms import ArmName, ArmRun, build_arm_runs, can_evaluate, parse_arms, parse_seeds, rollout_slots
+from flows.compare.parallel import finished_summary
+from flows.run_report import link_tags
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 from flows.train import train
 
@@ -72,7 +74,8 @@ def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list
     base = load_config(preset, [*(overrides or []), f"run.name={name}"])
     check_server(resolve_tracking_uri(base))
     parent = MlflowRun(base, _find_parent(base, name), tags={"exgrpo.comparison": name, "exgrpo.preset": preset,
-                                                             "exgrpo.arms": ",".join(parse_arms(arms))})
+                                                             "exgrpo.arms": ",".join(parse_arms(arms)),
+                                                             **link_tags(None)})  # Prefect flow run, git
     try:
         results = []
         out_dir = Path(base.run.output_dir).resolve() / name
@@ -89,8 +92,9 @@ def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list
             results.append(collect(run, summary))
             if i + 1 < len(runs) and runs[i + 1].seed != run.seed:  # a seed's arms are all done: a matched
                 write_report(results, str(out_dir), name, meta)      # partial report, should the rest be cut off
-        paths = write_report(results, str(out_dir), name, meta)
-        for path in paths.values():
+        where = par.report_dir(results, out_dir, name)  # never over a report of finished children only
+        paths = write_report(results, str(where), name, meta)
+        for path in paths.values() if where == out_dir else ():  # the parent run keeps that report too
             parent.mlflow.MlflowClient().log_artifact(parent.run_id, path)
         print(Path(paths["md"]).read_text())
         report.check_budget(results)  # after the table is written, so a failure still leaves the numbers
@@ -101,23 +105,6 @@ def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list
         raise
     return {"name": name, "parent_mlflow_run_id": parent.run_id, "files": paths,
             "rows": [r["row"] for r in results], "slots_per_step": rollout_slots(base)}
-
-
-def finished_summary(cfg: ExGRPOConfig) -> dict | None:
-    """A child run that already finished all its steps (status `finished`): the summary `collect` needs,
-    read from its database without opening a training session; None when it must (still) train."""
-    run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
-    if not run_dir.is_dir():
-        return None
-    store = ExperienceStore(resolve_db_url(cfg.run.db_url, run_dir))
-    try:
-        run_id = store.find_run_by_name(cfg.run.name)
-        row = store.get_run(run_id) if run_id else None
-    finally:
-        store.close()
-    if not row or row["status"] != "finished" or row["step"] < cfg.run.steps - 1:
-        return None
-    return {"run_id": run_id, "run_dir": str(run_dir), "mlflow_run_id": row["mlflow_run_id"]}
 
 
 def _target_weights(cfg: ExGRPOConfig) -> dict[int, float]:

@@ -6,12 +6,16 @@ parent's name and the child's run name, then polls the children's states until a
 queue's concurrency limit (`slots`: one per GPU of the pool) is how many children run at once; Prefect's
 workers enforce it. A rerun of the parent finds its children by tag instead of resubmitting them (the
 idempotency key makes a duplicate submission return the existing run); `retry_failed` resubmits only
-the children whose latest run failed, crashed or was cancelled. Finished children are read back from
-the experience database, which the children and the parent must share (PostgreSQL across machines).
+the children whose latest run failed, crashed or was cancelled. Children the experience database
+already holds as finished (whichever mode trained them) are read back, never submitted; a child flow
+run that ends AlreadyFinished counts as finished. Finished children are read back from the
+experience database, which the children and the parent must share (PostgreSQL across machines). A
+report with unfinished children never replaces one built from finished children only (`report_dir`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -97,15 +101,35 @@ def run_children(children: list[Child], target: Target, parent: str, preset: str
 
     with get_client(sync_client=True) as client:
         pool = client.read_deployment_by_name(target.deployment).work_pool_name
+        done = {c.name for c in children if finished_summary(c.cfg)}  # trained already, in either mode
         found = find_children(client, parent)
-        new = [c for c in children if not found.get(c.name) or
+        todo = [c for c in children if c.name not in done]
+        new = [c for c in todo if not found.get(c.name) or
                (target.retry_failed and status(found[c.name][-1]) in RETRY)]
         print(f"{parent}: {len(children)} children on pool {pool}, queue {target.queue} (limit "
-              f"{target.slots or 'as set'}): {sum(c.name in found for c in children)} found, {len(new)} to submit")
+              f"{target.slots or 'as set'}): {sum(c.name in found or c.name in done for c in children)} found "
+              f"({len(done)} finished in the database), {len(new)} to submit")
         for c in new:
             submit(c, target, parent, preset, mlflow_parent, attempt=len(found.get(c.name, [])))
-        runs = wait(client, children, parent, poll_s)
-    return [collect(c, status(runs[c.name])) for c in children]
+        runs = wait(client, todo, parent, poll_s) if todo else {}
+    return [collect(c, "finished" if c.name in done else status(runs[c.name])) for c in children]
+
+
+def finished_summary(cfg: ExGRPOConfig) -> dict | None:
+    """A child run that already finished all its steps (status `finished`): the summary a report needs,
+    read from its database without opening a training session; None when it must (still) train."""
+    run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
+    if not run_dir.is_dir():  # not trained here (a child on another machine: its flow run says AlreadyFinished)
+        return None
+    store = ExperienceStore(resolve_db_url(cfg.run.db_url, run_dir))
+    try:
+        run_id = store.find_run_by_name(cfg.run.name)
+        row = store.get_run(run_id) if run_id else None
+    finally:
+        store.close()
+    if not row or row["status"] != "finished" or row["step"] < cfg.run.steps - 1:
+        return None
+    return {"run_id": run_id, "run_dir": str(run_dir), "mlflow_run_id": row["mlflow_run_id"]}
 
 
 def prepare(target: Target) -> str:
@@ -181,6 +205,8 @@ def submit(child: Child, target: Target, parent: str, preset: str, mlflow_parent
 def status(flow_run) -> str:
     """finished / failed / crashed / cancelled once ended, else the state in lower case (scheduled, running...)."""
     kind = flow_run.state_type.value if flow_run.state_type else "SCHEDULED"
+    if kind == "CANCELLED" and flow_run.state_name == "AlreadyFinished":  # trained by an earlier run
+        return "finished"
     return STATUS.get(kind, kind.lower())
 
 
@@ -232,6 +258,21 @@ def placeholder(child: Child, state: str) -> dict:
            "heldout_avg": math.nan, "paper_id_avg": child.paper_id_avg, "replay_buckets": {},
            "slots_per_step": child.cfg.train.batch_size * child.cfg.rollout.group_size}
     return {"row": row, "curves": {}, "slot_trace": [], "questions": {}}
+
+
+def report_dir(results: list[dict], out_dir: Path, name: str, prefix: str = "compare") -> Path:
+    """Where a report of these results goes: `out_dir`, unless some child did not finish while `out_dir`
+    already holds a report whose children all finished; that report stays, this one goes to
+    `out_dir/incomplete`."""
+    if all(r["row"].get("status", "finished") == "finished" for r in results):
+        return out_dir
+    try:
+        rows = json.loads((out_dir / f"{prefix}_{name}.json").read_text())["rows"]
+    except (OSError, ValueError, KeyError):
+        return out_dir
+    if rows and all(r.get("status", "finished") == "finished" for r in rows):
+        return out_dir / "incomplete"
+    return out_dir
 
 
 def check_finished(results: list[dict], report_path: str, retry_hint: str = "--retry-failed") -> None:
