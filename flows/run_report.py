@@ -5,7 +5,8 @@
   prints its own);
 - a progress artifact over the steps, and a markdown artifact with the run's summary and links to its
   MLflow run, the experiment and the dashboard page;
-- tags for the MLflow run pointing back: the Prefect flow run (id, name, URL), git commit, command line.
+- tags for the MLflow run pointing back: the Prefect flow run (id, name, URL), git commit, command line
+  (for a flow run a worker started, the deployment run that started it, not Prefect's engine module).
 """
 
 from __future__ import annotations
@@ -88,12 +89,29 @@ def link_tags(cli_equivalent: str | None) -> dict[str, str]:
     commit = git_commit()
     tags = {"prefect.flow_run_id": current_flow_run.get_id(), "prefect.flow_run_name": current_flow_run.get_name(),
             "prefect.flow_run_url": flow_run_url(), "prefect.deployment_id": current_deployment.id,
-            "exgrpo.command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else None,
+            "exgrpo.command": launch_command(),
             "exgrpo.cli_equivalent": cli_equivalent}
     if commit:
         tags["mlflow.source.git.commit"] = commit.removesuffix("-dirty")
         tags["exgrpo.git_dirty"] = str(commit.endswith("-dirty")).lower()
     return {k: str(v) for k, v in tags.items() if v}
+
+
+_ENGINES = ("prefect/engine.py", "prefect.engine", "prefect/flow_engine.py", "prefect.flow_engine")
+
+
+def launch_command() -> str | None:
+    """The command that started this process; for a flow run a worker or runner started (`python -m
+    prefect.engine`), the deployment run that started it."""
+    if not sys.argv:
+        return None
+    argv0 = Path(sys.argv[0])
+    if not str(argv0).endswith(_ENGINES):
+        return shlex.join([argv0.name, *sys.argv[1:]])
+    dep = current_deployment.name
+    if dep:
+        return shlex.join(["prefect", "deployment", "run", f"{current_flow_run.get_flow_name()}/{dep}"])
+    return f"python -m prefect.engine (flow run {current_flow_run.get_name()}, no deployment)"
 
 
 def cli_equivalent(preset: str, sets: list[str]) -> str:
@@ -120,7 +138,7 @@ class FlowRunReport:
     def start(self, first_step: int, tracker, run_id: str) -> None:
         self.progress_id = create_progress_artifact(
             progress=100.0 * first_step / self.total, key=f"{self.key}-progress",
-            description=f"Training `{self.run_name}`: steps done of {self.total}. "
+            description=f"Training `{self.run_name}`: share of its {self.total} steps done. "
                         + self.links_markdown(tracker, run_id))
 
     def step(self, step: int, stats: dict) -> None:
@@ -154,6 +172,7 @@ class FlowRunReport:
         self._markdown(f"# ExGRPO run `{self.run_name}`: nothing trained", rows, links)
 
     def _markdown(self, title: str, rows: list[tuple[str, str]], links: str) -> None:
-        table = "\n".join(f"| {k} | {v.replace('|', '/')} |" for k, v in rows)
-        create_markdown_artifact(f"{title}\n\n| | |\n|---|---|\n{table}\n\n{links}\n", key=self.key,
+        lines = [f"| {k} | {v.replace('|', '/')} |" for k, v in rows]  # the first row heads the table
+        table = "\n".join([lines[0], "|---|---|", *lines[1:]])
+        create_markdown_artifact(f"{title}\n\n{table}\n\n{links}\n", key=self.key,
                                  description=f"ExGRPO run {self.run_name}")

@@ -101,11 +101,14 @@ def test_task_runs_logs_and_artifacts_show_the_training(ui_runs):
     assert "| reward " in lines[0] and "| replay " in lines[0]
     progress = [a for a in arts if a.type == "progress"]
     assert len(progress) == 1 and progress[0].data == pytest.approx(100.0)
+    assert progress[0].description.startswith(f"Training `{Path(summary['run_dir']).name}`: share of its 3 steps done.")
     (md,) = [a for a in arts if a.type == "markdown"]
     assert md.key == "exgrpo-" + Path(summary["run_dir"]).name.lower()
     assert f"/runs/{summary['mlflow_run_id']}?workflowType=machine_learning)" in md.data
     assert f"?run={summary['run_id']})" in md.data and "finished, 3 of 3 steps" in md.data
     assert "manifest SHA-256" in md.data
+    table = [line for line in md.data.splitlines() if line.startswith("|")]
+    assert table[0] == "| status | finished, 3 of 3 steps |" and table[1] == "|---|---|"  # no empty header row
     assert [a.type for a in noop] == ["markdown"] and "nothing trained" in noop[0].data
 
 

@@ -141,7 +141,9 @@ def test_a_retry_of_a_stopped_flow_run_resumes_its_run_exactly(retried):
     import mlflow
 
     client = mlflow.MlflowClient(f"sqlite:///{r['tmp'] / 'mlflow.db'}")
-    assert client.get_run(mlflow_id).info.status == "FINISHED"
+    run = client.get_run(mlflow_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["exgrpo.command"] == f"python -m prefect.engine (flow run {r['fr'].name}, no deployment)"
     assert [m.step for m in client.get_metric_history(mlflow_id, M.REWARD_MEAN)] == [0, 1, 2, 3, 4]
 
 
