@@ -1,8 +1,8 @@
 """The paper's pictures of a training run, drawn at evaluation / checkpoint steps for MLflow.
 
 `entropy.png`: H(o) of the responses sampled since the previous picture, correct vs incorrect (the
-paper's observation that correct responses have lower entropy); `buckets.png`: the experience pool's
-questions per bucket k = 0..K (latest correct count); `replays.png`: replayed questions per source
+paper's observation that correct responses have lower entropy); `buckets.png`: every question rolled
+out so far per bucket k = 0..K of its latest group (the pool holds 0 < k < K; k = K are retired); `replays.png`: replayed questions per source
 bucket against the question weighting's share (the Gaussian target around k = K/2). `data.json`
 holds the numbers behind them. matplotlib's Agg backend, small figures: a fraction of a second.
 """
@@ -48,7 +48,7 @@ def bucket_bars(counts: dict[int, int], group_size: int, title: str, path: Path)
     ax.bar(ks, [counts.get(k, 0) for k in ks], color="tab:blue")
     ax.set_xticks(ks)
     ax.set_xlabel("bucket k (correct responses of K in the latest group)")
-    ax.set_ylabel("questions in the pool")
+    ax.set_ylabel("questions rolled out so far")
     ax.set_title(title, fontsize=10)
     return _save(fig, path)
 
@@ -79,7 +79,7 @@ def write_run_pictures(folder: str | Path, *, step: int, since_step: int, group_
     folder.mkdir(parents=True, exist_ok=True)
     steps = f"steps {since_step + 1}-{step + 1}" if since_step < step else f"step {step + 1}"
     entropy_histogram(correct, incorrect, f"Response entropy, {steps}", folder / "entropy.png")
-    bucket_bars(buckets, group_size, f"Experience pool by bucket after step {step + 1}", folder / "buckets.png")
+    bucket_bars(buckets, group_size, f"Questions by bucket after step {step + 1}", folder / "buckets.png")
     replay_bars(replays, weights, f"Replays by source bucket, steps 1-{step + 1}", folder / "replays.png")
     data = {"step": step, "since_step": since_step, "entropy_correct": correct, "entropy_incorrect": incorrect,
             "buckets": buckets, "replays": replays, "weights": weights}

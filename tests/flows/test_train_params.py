@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -58,7 +59,12 @@ def test_an_unknown_preset_is_a_config_error():
         run_config({"preset": "nope"}, "a", FLOW_RUN)
 
 
-def test_pictures_and_their_numbers(tmp_path):
+def test_pictures_and_their_numbers(tmp_path, monkeypatch):
+    from flows import plots
+
+    labels, save = {}, plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: labels.setdefault(
+        Path(path).name, (fig.axes[0].get_title(), fig.axes[0].get_ylabel())) and save(fig, path))
     folder = write_run_pictures(tmp_path / "p", step=4, since_step=3, group_size=4, correct=[0.1, 0.2],
                                 incorrect=[1.5], buckets={0: 5, 2: 1, 4: 0}, replays={1: 3, 2: 1},
                                 weights={1: 0.6, 2: 1.0, 3: 0.6})
@@ -66,6 +72,8 @@ def test_pictures_and_their_numbers(tmp_path):
         assert (folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((folder / "data.json").read_text())
     assert data["entropy_correct"] == [0.1, 0.2] and data["replays"] == {"1": 3, "2": 1}
+    # bucket counts cover every rolled-out question (k = 0 and retired k = K too), not only the pool
+    assert labels["buckets.png"] == ("Questions by bucket after step 5", "questions rolled out so far")
     empty = write_run_pictures(tmp_path / "e", step=0, since_step=0, group_size=2, correct=[], incorrect=[],
                                buckets={}, replays={}, weights={1: 1.0})  # nothing yet: still drawn
     assert (empty / "entropy.png").stat().st_size > 0
