@@ -9,6 +9,7 @@ table and plots become artifacts of the parent run. Arms: flows/compare/arms.py;
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 
 from prefect import flow, task
@@ -22,7 +23,7 @@ from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 from flows.compare import parallel as par, report
 from flows.compare.arms import ArmName, ArmRun, build_arm_runs, can_evaluate, parse_arms, parse_seeds, rollout_slots
 from flows.compare.parallel import finished_summary
-from flows.run_report import link_tags
+from flows.run_report import artifact_key, link_tags
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 from flows.train import train
 
@@ -96,7 +97,7 @@ def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list
         paths = write_report(results, str(where), name, meta)
         for path in paths.values() if where == out_dir else ():  # the parent run keeps that report too
             parent.mlflow.MlflowClient().log_artifact(parent.run_id, path)
-        print(Path(paths["md"]).read_text())
+        _publish(name, paths["md"], complete=where == out_dir)
         report.check_budget(results)  # after the table is written, so a failure still leaves the numbers
         par.check_finished(results, paths["md"])
         parent.end("FINISHED")
@@ -105,6 +106,19 @@ def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list
         raise
     return {"name": name, "parent_mlflow_run_id": parent.run_id, "files": paths,
             "rows": [r["row"] for r in results], "slots_per_step": rollout_slots(base)}
+
+
+def _publish(name: str, md_path: str, complete: bool) -> str:
+    """The table on the terminal (not as one huge log line) and as the flow run's markdown artifact
+    (`exgrpo-<name>-comparison`; `...-incomplete` for a report with unfinished children); returns the key."""
+    from prefect.artifacts import create_markdown_artifact
+
+    text = Path(md_path).read_text()
+    sys.stdout.write(text)
+    key = artifact_key(name) + ("-comparison" if complete else "-incomplete")
+    create_markdown_artifact(text, key=key, description=f"Comparison {name}: {md_path}")
+    print(f"comparison table: {md_path} (Prefect artifact {key})")
+    return key
 
 
 def _target_weights(cfg: ExGRPOConfig) -> dict[int, float]:

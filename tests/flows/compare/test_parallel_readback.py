@@ -29,6 +29,18 @@ def _rows(path: Path) -> dict:
         return {(r["arm"], r["seed"]): {k: v for k, v in r.items() if k != "status"} for r in csv.DictReader(f)}
 
 
+def _artifact(key: str) -> str:
+    """The latest markdown artifact of this key."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key={"any_": [key]}), sort=ArtifactSort.CREATED_DESC)
+    assert arts, f"no artifact {key}"
+    return arts[0].data
+
+
 def _deployment(url: str) -> str:
     """A deployment of exgrpo-train on a process pool that no worker serves."""
     from prefect import get_client
@@ -85,6 +97,7 @@ def test_parallel_reads_back_a_sequential_compare_and_a_failed_one_keeps_its_rep
     with open(report) as f:
         assert {r["status"] for r in csv.DictReader(f)} == {"finished"}
     good_md = Path(seq["files"]["md"]).read_text()
+    assert _artifact(f"exgrpo-{name}-comparison") == good_md  # the table in Prefect, not a log line
 
     wider = subprocess.Popen([*cmd, "--seeds", "0-1"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
@@ -97,6 +110,7 @@ def test_parallel_reads_back_a_sequential_compare_and_a_failed_one_keeps_its_rep
     with open(report.parent / "incomplete" / report.name) as f:
         marked = {(r["arm"], r["seed"]): r["status"] for r in csv.DictReader(f)}
     assert marked[("on_policy", "1")] == "cancelled" and marked[("exgrpo", "0")] == "finished", marked
+    assert _artifact(f"exgrpo-{name}-comparison") == good_md and "cancelled" in _artifact(f"exgrpo-{name}-incomplete")
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     tags = client.get_run(seq["parent_mlflow_run_id"]).data.tags  # where the comparison came from
