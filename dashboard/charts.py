@@ -57,12 +57,17 @@ def group_stats(hist: pd.DataFrame) -> pd.DataFrame:
                          "min": g["lo"], "max": g["hi"]}).reset_index()
 
 
-def histogram(bins: pd.DataFrame, title: str, color: str = "group") -> alt.Chart:
-    """Overlaid density histograms of entropy, one colour per `color` value (group, or run)."""
+LEGEND = alt.Legend(title=None, labelLimit=400)  # run names in full (Vega cuts labels at 160 px by default)
+
+
+def histogram(bins: pd.DataFrame, title: str, color: str = "group", domain: list[str] | None = None) -> alt.Chart:
+    """Overlaid density histograms of entropy, one colour per `color` value (group, or run); `domain` (every
+    run shown on the page) keeps a run's colour the same in every panel, whichever runs a panel holds."""
+    scale = alt.Scale(scheme="tableau10", domain=domain) if domain else alt.Scale(scheme="tableau10")
     return alt.Chart(bins, title=title).mark_bar(opacity=0.55, binSpacing=0).encode(
         x=alt.X("start:Q", title="trajectory entropy H(o) (nats)", bin=alt.Bin(binned=True)), x2="end:Q",
         y=alt.Y("density:Q", title="density", stack=None),
-        color=alt.Color(f"{color}:N", title=None, scale=alt.Scale(scheme="tableau10")),
+        color=alt.Color(f"{color}:N", title=None, scale=scale, legend=LEGEND),
         tooltip=[f"{color}:N", alt.Tooltip("entropy:Q", format=".3f"), "n:Q", alt.Tooltip("density:Q", format=".3f")],
     ).properties(height=HEIGHT)
 
@@ -107,10 +112,10 @@ def violins(bins: pd.DataFrame, stats: pd.DataFrame, title: str, group_title: st
     y = alt.Y("y0:Q", title="trajectory entropy H(o) (nats)")
     tip = [*(f"{k}:N" for k in keys), alt.Tooltip("y0:Q", title="from", format=".3f"),
            alt.Tooltip("y1:Q", title="to", format=".3f"), "n:Q"]
-    scale = alt.Scale(scheme="tableau10")
+    scale = alt.Scale(scheme="tableau10", domain=runs) if colour == "run" else alt.Scale(scheme="tableau10")
     rects = alt.Chart().mark_rect(strokeWidth=1).encode(  # the stroke keeps a one-value bin (min = max) visible
         x=x, x2="x1:Q", y=y, y2="y1:Q", tooltip=tip, description="what:N",  # aria-label: "violin <group>[ | <run>]"
-        color=alt.Color(f"{colour}:N", legend=alt.Legend(title=None) if colour == "run" else None, scale=scale),
+        color=alt.Color(f"{colour}:N", legend=LEGEND if colour == "run" else None, scale=scale),
         stroke=alt.Stroke(f"{colour}:N", legend=None, scale=scale),
     ).transform_filter(alt.datum.mark == "bin")
     ticks = alt.Chart().mark_rule(color="black", strokeWidth=2).encode(
@@ -128,11 +133,13 @@ def _natural(label: str):
 
 
 def lines(df: pd.DataFrame, y: str, color: str, title: str, y_title: str | None = None,
-          marker_step: int | None = None, dash: str | None = None) -> alt.LayerChart | alt.Chart:
+          marker_step: int | None = None, dash: str | None = None,
+          domain: list[str] | None = None) -> alt.LayerChart | alt.Chart:
     """Metric curves over training steps; `dash` draws a second key as line styles (e.g. run = colour,
-    series = dash); `marker_step` draws the replay-start rule."""
+    series = dash); `marker_step` draws the replay-start rule; `domain` fixes the colours' order."""
     enc = dict(x=alt.X("step:Q", title="step", axis=STEP_AXIS), y=alt.Y(f"{y}:Q", title=y_title or y),
-               color=alt.Color(f"{color}:N", title=None, scale=alt.Scale(scheme="tableau10")),
+               color=alt.Color(f"{color}:N", title=None, legend=LEGEND,
+                               scale=alt.Scale(scheme="tableau10", domain=domain or alt.Undefined)),
                tooltip=[f"{color}:N", *([f"{dash}:N"] if dash else []), "step:Q", alt.Tooltip(f"{y}:Q", format=".4g")])
     if dash:
         enc["strokeDash"] = alt.StrokeDash(f"{dash}:N", title=None)

@@ -35,8 +35,8 @@ def _section(url: str, chosen: pd.DataFrame, names: dict[str, str], lo: int, hi:
     elif "run" in bins:  # several runs: one panel per group, the runs overlaid in each
         groups = sorted(bins["group"].unique())
         for col, group in zip(st.columns(len(groups)), groups):
-            col.altair_chart(charts.histogram(bins[bins.group == group], group, color="run"),
-                             width="stretch")
+            col.altair_chart(charts.histogram(bins[bins.group == group], group, color="run",
+                                              domain=[names[r] for r in chosen["id"]]), width="stretch")
     else:
         st.altair_chart(charts.histogram(bins, title), width="stretch")
     st.dataframe(stats, hide_index=True, width="stretch", column_config=STATS_FORMAT)
@@ -58,7 +58,8 @@ def _replayed_over_steps(url: str, chosen: pd.DataFrame, names: dict[str, str]) 
     start = None if multi or pd.isna(first.replay_started_step) else int(first.replay_started_step)
     colour, dash = ("run", "series") if multi else ("series", None)  # several runs: colour = run, dash = series
     st.altair_chart(charts.lines(curves.dropna(), "value", colour, "mean entropy per step", "H (nats)", start,
-                                 dash=dash), width="stretch")
+                                 dash=dash, domain=[names[r] for r in chosen["id"]] if multi else None),
+                    width="stretch")
     if not any_replay:
         st.info(("These runs have" if multi else "This run has") +
                 " not replayed any trajectory yet, so only fresh rollouts are shown.")

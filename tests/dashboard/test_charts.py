@@ -100,3 +100,18 @@ def test_violins_of_two_runs_sit_side_by_side():
     assert set(zip(stats.run, stats.group)) == {("exgrpo", g) for g in BUCKETS} | {("on-policy", "0")}
     rows = _chart_rows(charts.violins(charts.merge_bins(hist), stats, "t", "bucket"))
     assert "violin 0 | on-policy" in set(rows["what"])
+
+
+def test_a_runs_colour_is_the_same_in_every_panel_and_legends_show_whole_names():
+    long = "tiny-a-very-long-flow-run-name-of-forty-chars"  # longer than Vega's default 160 px label limit
+    runs = ["exgrpo", long]
+    both = _sql_bins({"1": RNG.uniform(1, 2, 50)}).assign(run="exgrpo")
+    only_long = _sql_bins({"2": RNG.uniform(1, 2, 50)}).assign(run=long)  # a panel without `exgrpo`
+    for part in (both, only_long):
+        enc = charts.histogram(charts.merge_bins(part), "panel", color="run", domain=runs).to_dict()["encoding"]
+        assert enc["color"]["scale"]["domain"] == runs  # the long name is colour 2 in both panels
+        assert enc["color"]["legend"]["labelLimit"] >= 400
+    curves = pd.DataFrame({"step": [0, 1, 0, 1], "value": [1.0, 2.0, 1.5, 2.5],
+                           "run": [long, long, "exgrpo", "exgrpo"]})
+    enc = charts.lines(curves, "value", "run", "t", domain=runs).to_dict()["encoding"]
+    assert enc["color"]["scale"]["domain"] == runs and enc["color"]["legend"]["labelLimit"] >= 400
