@@ -149,7 +149,10 @@ def test_pictures_checkpoint_reference_and_model_are_mlflow_artifacts(ui_runs, t
         hist = {m.step: m.value for m in client.get_metric_history(rid, M.bucket_key(int(k)))}
         assert hist[2] == count
     replayed = sum(m.value for m in client.get_metric_history(rid, M.REPLAYED_SAMPLES))
-    assert sum(data["replays"].values()) == replayed
+    unfilled = sum(m.value for m in client.get_metric_history(rid, M.UNFILLED_SLOTS))
+    # the plot counts experiential questions drawn per bucket; one retired by its own step's buffer update
+    # has no trajectory left to replay (docs/implementation_details.md, row 11) and counts as an unfilled slot
+    assert replayed <= sum(data["replays"].values()) <= replayed + unfilled
     ckpt = latest_checkpoint(Path(summary["run_dir"]))
     tags = client.get_run(rid).data.tags
     assert tags["exgrpo.checkpoint.path"] == str(ckpt.resolve())
