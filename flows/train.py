@@ -81,14 +81,23 @@ def log_step(s: Session, tracker: MlflowRun, step: int, stats: dict) -> dict:
     s.store.log_metrics(s.run_id, step, {M.TIME_LOG: stats[M.TIME_LOG]})
     tracker.log_metrics({M.TIME_LOG: stats[M.TIME_LOG]}, step)
     s.step = step + 1
-    every = s.cfg.run.checkpoint_every
-    if (every and s.step % every == 0) or s.step == s.cfg.run.steps:
-        t1 = time.perf_counter()
-        s.save()  # a crash before this point replays the step from the previous checkpoint
-        tracker.log_metrics({M.TIME_CHECKPOINT: time.perf_counter() - t1}, step)
     for fn in PROGRESS:
         fn(step, s.cfg.run.steps, stats)
     return stats
+
+
+@_task
+def checkpoint_step(s: Session, tracker: MlflowRun, step: int) -> None:
+    """Checkpoint the completed step, last of all that belongs to it (metrics, monitors, pictures), so a
+    kill at any moment either replays the step from the previous checkpoint or finds it whole;
+    perf/checkpoint_s is logged just before the rename that makes the checkpoint count."""
+    t0, blocked = time.perf_counter(), []
+
+    def record() -> None:  # async writes: the step was blocked only until save() returned
+        tracker.log_metrics({M.TIME_CHECKPOINT: blocked[0] if blocked else time.perf_counter() - t0}, step)
+
+    s.save(before_commit=record)
+    blocked.append(time.perf_counter() - t0)
 
 
 def _mark_ended_elsewhere(flow, flow_run, state) -> None:
@@ -255,13 +264,16 @@ def _train_steps(s: Session, cfg: ExGRPOConfig, tracker: MlflowRun, evaluator, r
                  M.TIME_ITERATION: time.perf_counter() - t0}
         eval_due = bool(evaluator and evaluator.due(step))
         if eval_due:
-            evaluator.run(s, tracker, step)  # before log_step checkpoints: a crash re-evaluates this step
+            evaluator.run(s, tracker, step)  # before the step's checkpoint: a crash re-evaluates this step
         stats = _named(log_step, "log", step)(s, tracker, step, stats)
         report.step(step, stats)
         monitor_events.report(s, tracker, step, stats)  # raises MonitorStop after a checkpoint
-        if eval_due or (every and (step + 1) % every == 0) or step + 1 == cfg.run.steps:
+        ckpt_due = bool(every and (step + 1) % every == 0) or step + 1 == cfg.run.steps
+        if eval_due or ckpt_due:
             pictures = _named(log_pictures, "pictures", step)(s, tracker, step, stats, ent)
             ent = _Entropies(step + 1)
+        if ckpt_due:  # a crash before this point replays the step from the previous checkpoint
+            _named(checkpoint_step, "checkpoint", step)(s, tracker, step)
     summary = _summary(s, stats)
     if evaluator and cfg.eval.final:
         summary["eval"] = evaluator.final(s, tracker)

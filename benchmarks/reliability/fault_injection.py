@@ -6,10 +6,12 @@ finishes, and compare the end state with an uninterrupted run of the same comman
 
 Each run: the tiny preset, `run.checkpoint_every=1`, Prefect's ephemeral API (PREFECT_API_URL unset),
 local MLflow (SQLite), the experience database on SQLite or a fresh PostgreSQL database. Kills are
-SIGKILL to the `exgrpo train` process only (never its process group), of two kinds:
+SIGKILL to the `exgrpo train` process only (never its process group), of three kinds:
   - time: a uniformly random moment in the first 90% of an uninterrupted run's duration (start-up,
     Prefect, model load, any stage of a step);
-  - checkpoint: the moment a checkpoint write of a random step has begun (`.tmp_step_N` exists).
+  - checkpoint: the moment a checkpoint write of a random step has begun (`.tmp_step_N` exists);
+  - committed: the moment a step's checkpoint has been renamed into place (`step_N` exists): whatever
+    belongs to that step (metrics, monitors, pictures, perf/checkpoint_s) must already be recorded.
 After each kill, every process of the killed command's session must be gone within 30 s (else it is
 counted as leaked, and killed). Per trial, the final state against the reference run:
   - weights: SHA-256 over the final checkpoint's tensors (and over the optimiser's);
@@ -103,7 +105,9 @@ def _wait_kill(proc: subprocess.Popen, kill: tuple[str, float], ckpt: Path) -> d
         if kind == "checkpoint" and ckpt.is_dir() and any(
                 p.name.startswith(".tmp_step_") and int(p.name[10:]) > arg for p in ckpt.iterdir()):  # N = step + 1
             break
-        time.sleep(0.002 if kind == "checkpoint" else 0.05)
+        if kind == "committed" and (ckpt / f"step_{int(arg) + 1:06d}").is_dir():
+            break
+        time.sleep(0.05 if kind == "time" else 0.002)
     else:
         return None
     proc.send_signal(signal.SIGKILL)

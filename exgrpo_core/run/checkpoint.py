@@ -103,14 +103,15 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
-_PENDING: dict[Path, tuple[Path, Path, int, Callable[[], None]]] = {}
+_PENDING: dict[Path, tuple[Path, Path, int, Callable[[], None], Callable[[], None] | None]] = {}
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer, loop_state: dict,
                     keep: int = 2, model_state: dict | None = None,
                     optimizer_shards: Callable[[Path], None] | None = None,
                     model_shards: Callable[[Path], None] | None = None,
-                    background: Callable[[], None] | None = None) -> Path:
+                    background: Callable[[], None] | None = None,
+                    before_commit: Callable[[], None] | None = None) -> Path:
     """Write the checkpoint after 0-based step `step` atomically (folder `folder_name(step)`), then
     prune older checkpoints down to the `keep` newest (module docstring: when and what).
 
@@ -120,7 +121,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     `optimizer: None`, and the folder the model's config instead of its weights.
     `background`: the shard writers returned before their files were written (run.async_checkpoint) and
     this waits for them: the checkpoint stays `.tmp_step_N` and is completed by `finish_pending` (the
-    next save calls it first); returns the folder it will have."""
+    next save calls it first); returns the folder it will have.
+    `before_commit()`: runs once the files are written and hashed, just before the rename that makes the
+    checkpoint count, so what it records about the step is never missing from a resumable checkpoint."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     finish_pending(run_dir)  # at most one checkpoint in flight, completed in order
@@ -141,13 +144,15 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     torch.save({"step": step, "optimizer": optim, "rng": rng_state(), "loop": loop_state, "manifest": True},
                tmp / STATE_FILE)  # "manifest": a missing manifest.json is damage, not an older checkpoint
     if background is not None:
-        _PENDING[root] = (tmp, final, keep, background)
+        _PENDING[root] = (tmp, final, keep, background, before_commit)
         return final
-    return _complete(root, tmp, final, keep)
+    return _complete(root, tmp, final, keep, before_commit)
 
 
-def _complete(root: Path, tmp: Path, final: Path, keep: int) -> Path:
+def _complete(root: Path, tmp: Path, final: Path, keep: int, before_commit: Callable[[], None] | None = None) -> Path:
     write_manifest(tmp)  # sizes and hashes; every file and folder fsynced
+    if before_commit is not None:
+        before_commit()
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     _fsync_dir(root)  # the rename itself is durable
@@ -163,9 +168,9 @@ def finish_pending(run_dir: str | Path) -> Path | None:
     pending = _PENDING.pop(root, None)
     if pending is None:
         return None
-    tmp, final, keep, wait = pending
+    tmp, final, keep, wait, before_commit = pending
     wait()
-    return _complete(root, tmp, final, keep)
+    return _complete(root, tmp, final, keep, before_commit)
 
 
 def close_pending(run_dir: str | Path) -> Path | None:

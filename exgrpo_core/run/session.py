@@ -77,16 +77,16 @@ class Session:
         return {"run_id": self.run_id, "replay_active": self.replay_active, "sampler": self.sampler.state_dict(),
                 "rng": self.rng.getstate(), "mlflow_run_id": self.mlflow_run_id}
 
-    def save(self) -> Path:
+    def save(self, before_commit=None) -> Path:
         """Checkpoint the completed step `self.step - 1` (FSDP2: weights gathered or per process as
-        run.checkpoint_weights says, optimiser per process)."""
+        run.checkpoint_weights says, optimiser per process); `before_commit` as in `save_checkpoint`."""
         shards = self.cfg.run.checkpoint_weights == "sharded"
         path = checkpoint.save_checkpoint(
             self.run_dir, self.step - 1, self.accelerator.unwrap_model(self.model), self.tokenizer,
             self.optimizer, self.loop_state(), keep=self.cfg.run.keep_checkpoints,
             model_state=None if shards else self.team.model_state(), optimizer_shards=self.team.optimizer_writer(),
             model_shards=self.team.model_writer() if shards else None,
-            background=fsdp.wait_writes if self.cfg.run.async_checkpoint else None)
+            background=fsdp.wait_writes if self.cfg.run.async_checkpoint else None, before_commit=before_commit)
         if self.step >= self.cfg.run.steps:  # the run's last checkpoint is complete when this returns
             checkpoint.finish_pending(self.run_dir)
         return path

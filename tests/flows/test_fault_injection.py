@@ -65,6 +65,21 @@ def test_killed_during_a_checkpoint_write_and_at_a_random_moment(reference):
     _check(run, diff, kills_expected=2)
 
 
+def test_killed_right_after_a_checkpoint_is_committed(reference):
+    """The moment `step_N` is renamed into place: the resumed run starts after that step, so its metrics,
+    monitor values, perf/checkpoint_s and pictures must all have been recorded before the rename."""
+    run, diff = _trial(reference, "committed", [("committed", 1), ("committed", 2)])
+    _check(run, diff, kills_expected=2)
+    work, _, _, _ = reference
+    import mlflow
+
+    root = work / "committed"
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    (mlflow_run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    plots = {Path(a.path).name for a in client.list_artifacts(mlflow_run.info.run_id, "plots")}
+    assert plots == {f"step_{s:06d}" for s in range(STEPS)}, plots  # checkpoint_every=1: pictures every step
+
+
 def test_killed_at_start_up(reference):
     """Before the first checkpoint (Prefect and the model still starting): the rerun continues the same run."""
     run, diff = _trial(reference, "startup", [("time", 3.0)])

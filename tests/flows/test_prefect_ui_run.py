@@ -96,6 +96,7 @@ def test_task_runs_logs_and_artifacts_show_the_training(ui_runs):
                       "log"):
             assert f"{stage} step {step}" in tasks, sorted(tasks)
     assert {"pictures step 2", "pictures step 3"} <= tasks  # checkpoint_every=2 and the last step
+    assert {t for t in tasks if t.startswith("checkpoint")} == {"checkpoint step 2", "checkpoint step 3"}
     lines = [m for m in logs if m.startswith("step ")]
     assert [" ".join(m.split("|")[0].split()) for m in lines] == ["step 1/3", "step 2/3", "step 3/3"], logs
     assert "| reward " in lines[0] and "| replay " in lines[0]
