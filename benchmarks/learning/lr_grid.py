@@ -2,6 +2,7 @@
 exgrpo on arith-fast at 5 learning rates x seeds 0-23, each arm judged at its own best rate.
 
     nohup nice -n 19 .venv/bin/python -m benchmarks.learning.lr_grid > runs/lr_grid.log 2>&1 &   # run / resume
+    # the pre-registered grid runs from a worktree frozen at 8327aca (the pre-registration's amendments)
     python -m benchmarks.learning.lr_grid --status    # seed counts per cell, nothing else
     python -m benchmarks.learning.lr_grid --final     # the pre-registered analysis (all planned seeds in)
 
