@@ -16,12 +16,18 @@ import json
 from types import SimpleNamespace
 
 from exgrpo_core.config.load import load_config
+from exgrpo_core.run import layout_choice
 from exgrpo_core.training import fsdp, memory_plan as mp
 
 
-def shard_group(cfg, world: int, gpus_per_machine: int) -> int:
-    """GPUs one sharded copy spans: the last dimension of the run's FSDP2 mesh (all `world` without HSDP)."""
-    if cfg.train.sharding != "fsdp2":
+def shard_group(cfg, world: int, gpus_per_machine: int, shape: mp.ModelShape = mp.QWEN25_MATH_7B,
+                gpu_gib: float = 80.0) -> int:
+    """GPUs one sharded copy spans: the last dimension of the run's FSDP2 mesh (all `world` without HSDP);
+    with train.sharding=auto, as the run would resolve it on `world` GPUs of `gpu_gib` GiB."""
+    sharding = cfg.train.sharding
+    if sharding == "auto":
+        sharding = layout_choice.decide(cfg, gpus=world, gpu_gib=gpu_gib, shape=lambda: shape).sharding
+    if sharding != "fsdp2":
         return 1  # replicated: every GPU holds the whole model, gradients and moments
     return fsdp.mesh_shape(cfg.train.hsdp, world, min(gpus_per_machine, world), cfg.train.shard_size)[-1]
 
@@ -31,7 +37,8 @@ def plan_for(cfg, shape: mp.ModelShape, *, world: int, gpus_per_machine: int, lo
     """The per-GPU plan of run config `cfg` on `world` GPUs, `gpus_per_machine` to a machine."""
     tokens = cfg.train.micro_batch_tokens or cfg.train.micro_batch_size * (
         cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens)
-    return mp.memory_plan(shape, world=shard_group(cfg, world, gpus_per_machine), micro_batch_tokens=tokens,
+    group = shard_group(cfg, world, gpus_per_machine, shape, gpu_gib)
+    return mp.memory_plan(shape, world=group, micro_batch_tokens=tokens,
                           logits_chunk=logits_chunk, vllm_tp=cfg.rollout.vllm_tensor_parallel_size,
                           vllm_gpu_share=cfg.rollout.vllm_gpu_memory_utilization, gpu_gib=gpu_gib,
                           vllm_sleep=cfg.rollout.vllm_sleep, unsharded_grad_accumulation=unsharded_grad_accumulation)
@@ -61,7 +68,7 @@ def main() -> None:
         raise SystemExit(f"memory_plan: {err}") from None
     print(mp.render(plan))
     print()
-    print(f"- shard_group: {shard_group(cfg, a.world, a.gpus_per_machine)} of {a.world} GPUs")
+    print(f"- shard_group: {shard_group(cfg, a.world, a.gpus_per_machine, shape, a.gpu_gib)} of {a.world} GPUs")
     for k, v in plan.notes.items():
         print(f"- {k}: {v}")
 

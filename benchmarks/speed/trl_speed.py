@@ -117,7 +117,7 @@ def trl_config(cfg, out_dir: str, max_steps: int):
         warmup_steps=0, weight_decay=cfg.train.weight_decay, max_grad_norm=cfg.train.max_grad_norm,
         beta=cfg.loss.kl_coef, epsilon=cfg.loss.clip_eps, loss_type="dr_grpo", scale_rewards="none",
         entropy_coef=cfg.loss.entropy_coef, use_cpu=True, bf16=False, fp16=False,
-        gradient_checkpointing=cfg.model.gradient_checkpointing, logging_steps=1, report_to="none",
+        gradient_checkpointing=cfg.model.gradient_checkpointing is True, logging_steps=1, report_to="none",
         save_strategy="no", seed=cfg.run.seed, dataloader_num_workers=0, disable_tqdm=True,
         log_completions=False)
 

@@ -92,8 +92,9 @@ class ModelConfig(_Section):
     """Shape of the `tiny` / `tiny-sft` model (ignored otherwise)."""
     warm_start: WarmStartConfig = WarmStartConfig()
     """Supervised warm start of `tiny-sft` (ignored otherwise)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass to save memory."""
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    """Recompute activations in the backward pass to save memory. auto: decided at start by the layout
+    rule of docs/scaling.md from the model's shape, the GPU count and memory (on CPU: off)."""
     hf_overrides: dict | None = None
     """Model config fields changed for the trainer and the vLLM engine alike (vLLM's `hf_overrides`, set
     by `config.update`), e.g. `--set 'model.hf_overrides={max_position_embeddings: 16384}'`; a rope field
@@ -332,9 +333,11 @@ class TrainConfig(_Section):
     micro_batch_tokens: int | None = Field(default=None, ge=1)
     """Also cap a forward/backward pass at this many padded tokens (rows x longest row), so long
     responses get smaller micro-batches instead of running out of memory (None: rows only)."""
-    sharding: Literal["replicate", "fsdp2"] = "replicate"
+    sharding: Literal["auto", "replicate", "fsdp2"] = "auto"
     """replicate: every process holds the whole model, gradients summed once per optimiser step (DDP);
-    fsdp2: parameters, gradients and AdamW state sharded over the processes (torch FSDP2)."""
+    fsdp2: parameters, gradients and AdamW state sharded over the processes (torch FSDP2); auto: decided
+    at start by the layout rule of docs/scaling.md from the model's shape, the GPU count and memory (on
+    CPU: replicate); the resolved value is what the run records."""
     cpu_offload: bool = False
     """(fsdp2) Keep the parameter shards, their gradients and the AdamW state in CPU memory: FSDP2
     copies each layer to the GPU for its forward and backward, and the optimiser step runs on the CPU

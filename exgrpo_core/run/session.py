@@ -27,7 +27,7 @@ from exgrpo_core.data import questions as data
 from exgrpo_core.models import load as models
 from exgrpo_core.reward.grading import MathVerifier
 from exgrpo_core.rollout.engine import TransformersEngine
-from exgrpo_core.run import allocator, checkpoint, locks, reuse, sharded_start
+from exgrpo_core.run import allocator, checkpoint, layout_choice, locks, reuse, sharded_start
 from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 from exgrpo_core.training import distributed as D, fsdp
 from exgrpo_core.training.team import Team, Worker, serve
@@ -347,6 +347,8 @@ def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path
         remote.require_vllm()
         remote.check_server(remote.ServerClient(cfg.rollout.server_url, api_key=_server_api_key(cfg),
                                                 timeout_s=cfg.rollout.server_timeout_s))
+    here = layout_choice.choose_here(cfg, accelerator.device, world) if D.topology().rank == 0 else None
+    layout_choice.apply(cfg, D.broadcast(here))  # auto sharding / checkpointing: rank 0's choice, in place
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     source = str(ckpt) if ckpt else cfg.model.name_or_path
