@@ -41,7 +41,7 @@ def test_a_short_run_prints_its_own_lines_only(tmp_path, prefect_server, tiny_ov
     for out in (first, second):
         noise = [line for line in out.splitlines() if any(n in line for n in NOISE)]
         assert not noise, noise
-    # the final evaluation: 6 questions x 2 samples in chunks of 4 sequences: a line per chunk (and, on a
-    # slow machine, the same count again every 30 s between them)
+    # the final evaluation (6 questions x 2 samples in chunks of 4 sequences): progress at most every 5 s,
+    # and always its last line
     done = [int(n) for n in re.findall(r"eval step 3: (\d+)/6 questions, \d+ s", second)]
-    assert list(dict.fromkeys(n for n in done if n)) == [2, 4, 6], done
+    assert done and done[-1] == 6 and done == sorted(done), done
