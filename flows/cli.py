@@ -486,15 +486,15 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[red]stopped[/red]: {e}", soft_wrap=True)
             return 3
         if type(e).__name__ in _USER_ERRORS:
-            console.print(f"[red]error[/red]: {escape(str(e))}")
-            return 2
+            getattr(e, "console", console).print(f"[red]error[/red]: {escape(str(e))}")
+            return getattr(e, "exit_code", 2)  # DependencyError: 4, on stderr (flows/dependency_errors.py)
         raise
 
 
 _USER_ERRORS = {"ConfigError", "DataError", "StoreError", "TrackingError", "ModelLoadError", "ResumeError",
                 "VLLMUnavailable", "BudgetError", "RemoteEngineError", "RunLockedError",
                 "CheckpointError", "PrefectStartError", "AlreadyFinishedError", "CancelledRun", "ParallelError",
-                "ChildrenFailedError"}
+                "ChildrenFailedError", "DependencyError"}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -26,6 +26,7 @@ from exgrpo_core.run import checkpoint
 from exgrpo_core.run.checkpoint import latest_checkpoint
 from exgrpo_core.run.session import Session, open_session
 from flows import monitor_events
+from flows.dependency_errors import dependency_error, quiet_dependency_faults
 from flows.eval_tasks import TrainingEvaluator
 from flows.planned_end import planned_state, quiet_planned_ends
 from flows.plots import write_run_pictures
@@ -38,6 +39,7 @@ PROGRESS: list[Callable[[int, int, dict], None]] = []
 
 _task = task(cache_policy=NO_CACHE, persist_result=False)
 quiet_planned_ends()  # a worker's process imports this module before running the flow
+quiet_dependency_faults()
 
 
 @_task
@@ -183,7 +185,10 @@ def train(preset: Preset = "tiny", run_name: str | None = None, steps: Steps = N
         print(f"run stopped: {e}")
         return planned_state("Stopped", e)  # the caller gets the MonitorStop raised
     except BaseException as e:
-        _record_end(s, tracker, "failed" if isinstance(e, Exception) else "killed")
+        recorded = _record_end(s, tracker, "failed" if isinstance(e, Exception) else "killed")
+        fault = dependency_error(e, cfg, s.run_dir, recorded) if isinstance(e, Exception) else None
+        if fault is not None:  # a service died mid-run: one line naming it (flows/dependency_errors.py)
+            raise fault from e
         raise
     finally:
         s.close()
@@ -285,21 +290,25 @@ def _train_steps(s: Session, cfg: ExGRPOConfig, tracker: MlflowRun, evaluator, r
     return summary
 
 
-def _record_end(s: Session, tracker: MlflowRun | None, status: str) -> None:
+def _record_end(s: Session, tracker: MlflowRun | None, status: str) -> str:
     """Mark the run failed (an error), stopped (by a monitor; MLflow FAILED) or killed (Ctrl-C, a Prefect
     cancellation's SIGTERM) in MLflow and the database; a failure to record is reported, never raised over
-    the error that ended the run."""
+    the error that ended the run. Returns where it was recorded, in words."""
+    done = []
     try:  # each service on its own: MLflow being down must not leave the database saying `running`
         if tracker is not None:
             tracker.end("FAILED" if status == "stopped" else status.upper())
+            done.append("MLflow")
     except Exception as e:  # noqa: BLE001
         print(f"could not record run {s.run_id} as {status} in MLflow ({getattr(tracker, 'uri', '?')}): "
               f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
     try:
         s.store.update_run(s.run_id, status=status)
+        done.insert(0, "the experience database")
     except Exception as e:  # noqa: BLE001
         print(f"could not record run {s.run_id} as {status} in the experience database: "
               f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
+    return f"recorded {status} in {' and '.join(done)}" if done else f"could not be recorded {status} anywhere"
 
 
 def _summary(s: Session, last: dict) -> dict:

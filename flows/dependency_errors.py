@@ -1,0 +1,124 @@
+"""A service a run depends on failing mid-run (issue 35, item 6): the experience database stops answering,
+the MLflow server dies, the disk fills up. The run is recorded failed wherever it still can be
+(`flows/train.py` `_record_end`); `exgrpo train` then prints one line naming the service and exits with
+`EXIT_CODE`, without a traceback: `quiet_dependency_faults` drops Prefect's task- and flow-failure ERROR
+records of such an exception (the line says it all). Every other error is logged as before.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from pathlib import Path
+
+from rich.console import Console
+
+EXIT_CODE = 4  # `exgrpo train`: a service the run depends on failed (2: a user error, 3: stopped by a monitor)
+_LOGGERS = ("prefect.task_runs", "prefect.flow_runs", "prefect.engine")
+
+
+class DependencyError(RuntimeError):
+    """A dependency of a running run failed; the message is the line the user reads (on stderr)."""
+
+    exit_code = EXIT_CODE
+    console = Console(stderr=True, highlight=False, soft_wrap=True)  # one line, however narrow the terminal
+
+
+def _chain(exc: BaseException | None):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _is_database(exc: BaseException) -> bool:
+    mod = type(exc).__module__
+    if mod.startswith("sqlalchemy"):
+        from sqlalchemy.exc import InterfaceError, OperationalError
+
+        return isinstance(exc, (OperationalError, InterfaceError))
+    return mod.startswith("psycopg") and type(exc).__name__ in ("OperationalError", "InterfaceError")
+
+
+def _is_mlflow(exc: BaseException) -> bool:
+    # not a bare requests error: other HTTP services (a remote rollout engine) raise those too
+    if not type(exc).__module__.startswith("mlflow"):
+        return False
+    return type(exc).__name__ == "RestException" or "API request to" in str(exc)  # answered an error / gave up
+
+
+def kind(exc: BaseException) -> str | None:
+    """"database", "mlflow" or "disk" when `exc` (or an exception it was raised from) is that dependency
+    failing; None for every other error."""
+    for e in _chain(exc):
+        if isinstance(e, DependencyError):
+            return getattr(e, "kind", None)
+        if _is_database(e):
+            return "database"
+        if _is_mlflow(e):
+            return "mlflow"
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "disk"
+    return None
+
+
+def dependency_error(exc: BaseException, cfg, run_dir: Path, recorded: str) -> DependencyError | None:
+    """The one-line error for `exc` when a dependency failed (None otherwise); `recorded` says where the
+    run's failure could still be recorded."""
+    from exgrpo_core.config.redact import mask_text
+
+    what = kind(exc)
+    if what is None:
+        return None
+    cause = next(e for e in _chain(exc) if kind(e) == what and not isinstance(e, DependencyError))
+    if what == "database":
+        from exgrpo_core.store.experience_store import resolve_db_url
+
+        head = (f"the experience database at {mask_text(resolve_db_url(cfg.run.db_url, run_dir))} stopped "
+                f"answering: {mask_text(_first_line(cause))}")
+    elif what == "mlflow":
+        from flows.tracking import resolve_tracking_uri
+
+        head = f"the MLflow server at {mask_text(resolve_tracking_uri(cfg))} stopped answering"
+    else:
+        where = Path(cause.filename).parent if getattr(cause, "filename", None) else run_dir
+        head = f"the disk under {where} is full"
+    err = DependencyError(f"{head}; run '{cfg.run.name}' {recorded}; once it is back, rerun the same command "
+                          "to resume from the last checkpoint")
+    err.kind = what
+    return err
+
+
+class _DropDependencyFaults(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            return kind(exc) is None
+        # "Finished in state Failed('Task run encountered an exception OperationalError: ...')" carries no
+        # exception, only its text
+        msg = record.getMessage()
+        return not (msg.startswith("Finished in state Failed") and ("DependencyError" in msg or _FAULT_NAMES(msg)))
+
+
+def _FAULT_NAMES(msg: str) -> bool:  # noqa: N802 - the exception class names a Failed state's text holds
+    return any(n in msg for n in ("OperationalError", "InterfaceError", "MlflowException", "RestException",
+                                  "No space left on device"))
+
+
+_FILTER = _DropDependencyFaults()
+
+
+def quiet_dependency_faults() -> None:
+    """Keep Prefect's failure tracebacks of a failed dependency out of the log (idempotent)."""
+    for name in _LOGGERS:
+        log = logging.getLogger(name)
+        if _FILTER not in log.filters:
+            log.addFilter(_FILTER)
