@@ -89,8 +89,9 @@ def dependency_error(exc: BaseException, cfg, run_dir: Path, recorded: str) -> D
     else:
         where = Path(cause.filename).parent if getattr(cause, "filename", None) else run_dir
         head = f"the disk under {where} is full"
-    err = DependencyError(f"{head}; run '{cfg.run.name}' {recorded}; once it is back, rerun the same command "
-                          "to resume from the last checkpoint")
+    then = "once there is space" if what == "disk" else "once it answers again"
+    err = DependencyError(f"{head}; run '{cfg.run.name}' {recorded}; {then}, rerun the same command to resume "
+                          "from the last checkpoint")
     err.kind = what
     return err
 

@@ -80,7 +80,7 @@ def test_a_full_disk_at_a_checkpoint_write_is_one_line_and_the_run_resumes(tmp_p
     mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert cli.main(_args(tmp_path, mlflow_uri)) == 4
     _one_line(capfd, caplog, f"the disk under {tmp_path / 'runs' / 'r' / 'checkpoints'} is full",
-              "recorded failed in the experience database and MLflow", "rerun the same command")
+              "recorded failed in the experience database and MLflow; once there is space, rerun the same command")
     assert calls == [0]
     assert sqlite_rows(tmp_path / "exp.db", "select status from runs where name='r'") == [("failed",)]
     assert _mlflow_status(mlflow_uri) == "FAILED"
@@ -135,7 +135,7 @@ def test_the_mlflow_server_killed_mid_run_is_one_line_and_the_database_says_fail
     _after_step(monkeypatch, 0, kill)
     assert cli.main(_args(tmp_path, url, steps=3)) == 4
     _one_line(capfd, caplog, f"the MLflow server at {url} stopped answering",
-              "recorded failed in the experience database;")
+              "recorded failed in the experience database; once it answers again, rerun")
     assert sqlite_rows(tmp_path / "exp.db", "select status from runs where name='r'") == [("failed",)]
 
 
