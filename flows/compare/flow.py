@@ -108,16 +108,17 @@ def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list
             "rows": [r["row"] for r in results], "slots_per_step": rollout_slots(base)}
 
 
-def _publish(name: str, md_path: str, complete: bool) -> str:
+def _publish(name: str, md_path: str, complete: bool, kind: str = "comparison") -> str:
     """The table on the terminal (not as one huge log line) and as the flow run's markdown artifact
-    (`exgrpo-<name>-comparison`; `...-incomplete` for a report with unfinished children); returns the key."""
+    (`exgrpo-<name>-<kind>`, kind comparison or sweep; `...-incomplete` for a report with unfinished
+    children); returns the key."""
     from prefect.artifacts import create_markdown_artifact
 
     text = Path(md_path).read_text()
     sys.stdout.write(text)
-    key = artifact_key(name) + ("-comparison" if complete else "-incomplete")
-    create_markdown_artifact(text, key=key, description=f"Comparison {name}: {md_path}")
-    print(f"comparison table: {md_path} (Prefect artifact {key})")
+    key = artifact_key(name) + (f"-{kind}" if complete else "-incomplete")
+    create_markdown_artifact(text, key=key, description=f"{kind.capitalize()} {name}: {md_path}")
+    print(f"{kind} table: {md_path} (Prefect artifact {key})")
     return key
 
 

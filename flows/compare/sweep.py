@@ -4,9 +4,12 @@
 
 Children (flows/compare/grid.py) are flow runs of the `exgrpo-train` deployment, submitted, awaited and
 read back as a parallel comparison's are (flows/compare/parallel.py); one MLflow parent run holds them nested
-and the report (sweep_<name>.md/.csv/.json and plots) as artifacts. A grid of arms (`--grid arm=on_policy,exgrpo`,
-or any other key) crossed with `--grid train.lr=...` and 2+ seeds puts the tuned-per-arm comparison first
-(flows/compare/tuned_report.py): each arm at its own best learning rate, the winner's curse inside the interval.
+and the report (sweep_<name>.md/.csv/.json and plots) as artifacts; the table is also the flow run's
+Prefect artifact `exgrpo-<name>-sweep`. A sweep with unfinished children never replaces a report whose
+children all finished: it goes to `incomplete/` (artifact `exgrpo-<name>-incomplete`), as a comparison's
+does. A grid of arms (`--grid arm=on_policy,exgrpo`, or any other key) crossed with `--grid train.lr=...`
+and 2+ seeds puts the tuned-per-arm comparison first (flows/compare/tuned_report.py): each arm at its own
+best learning rate, the winner's curse inside the interval.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from prefect import flow
 from exgrpo_core.config.load import load_config
 from flows.compare import parallel as par, report, tuned_report
 from flows.compare.arms import parse_seeds
-from flows.compare.flow import _find_parent, _target_weights
+from flows.compare.flow import _find_parent, _publish, _target_weights
 from flows.compare.grid import build_children
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 
@@ -56,11 +59,13 @@ def sweep(preset: str = "tiny", grid: list[str] = [], overrides: list[str] | Non
                        tags={"exgrpo.sweep": name, "exgrpo.preset": preset, "exgrpo.grid": " ; ".join(grid)})
     try:
         results = par.run_children(children, target, name, preset, parent.run_id)
-        paths = write_sweep_report(results, Path(base.run.output_dir).resolve() / name, name,
+        out_dir = Path(base.run.output_dir).resolve() / name
+        where = par.report_dir(results, out_dir, name, prefix="sweep")  # never over a report of finished children
+        paths = write_sweep_report(results, where, name,
                                    _meta(base, preset, grid, overrides, seeds, name, evaluate, target))
-        for path in paths.values():
+        for path in paths.values() if where == out_dir else ():  # the parent run keeps that report too
             parent.mlflow.MlflowClient().log_artifact(parent.run_id, path)
-        print(Path(paths["md"]).read_text())
+        _publish(name, paths["md"], complete=where == out_dir, kind="sweep")
         par.check_finished(results, paths["md"])
         parent.end("FINISHED")
     except BaseException:
