@@ -32,7 +32,8 @@ from flows.planned_end import planned_state, quiet_planned_ends
 from flows.plots import write_run_pictures
 from flows.run_report import FlowRunReport, cli_equivalent, link_tags, stage_name
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
-from flows.train_params import AlreadyFinishedError, Preset, ReplayRatio, Steps, finished_run, run_config
+from flows.train_params import (AlreadyFinishedError, Overrides, Preset, ReplayRatio, RunName, Seed, Steps,
+                                finished_run, run_config)
 
 # Set by the CLI to draw a progress display; called as progress(step, total, metrics).
 PROGRESS: list[Callable[[int, int, dict], None]] = []
@@ -136,9 +137,9 @@ def _mark_ended_elsewhere(flow, flow_run, state) -> None:
 
 @flow(name="exgrpo-train", log_prints=True, on_cancellation=[_mark_ended_elsewhere],
       on_crashed=[_mark_ended_elsewhere])
-def train(preset: Preset = "tiny", run_name: str | None = None, steps: Steps = None,
-          replay_ratio: ReplayRatio = None, seed: int | None = None, overrides: list[str] | None = None,
-          config: ExGRPOConfig | None = None, parent_mlflow_run_id: str | None = None) -> dict:
+def train(preset: Preset = "tiny", run_name: RunName = "", steps: Steps = 0, replay_ratio: ReplayRatio = -1.0,
+          seed: Seed = -1, overrides: Overrides = [], config: ExGRPOConfig | None = None,  # noqa: B006
+          parent_mlflow_run_id: RunName = "") -> dict:
     """Train with ExGRPO. Without a run name every flow run trains a new run, named
     `<preset>-<flow run name>-<4 hex of its id>` (a Retry of the flow run continues it); with one it
     continues that run (as `exgrpo train`).
@@ -147,10 +148,10 @@ def train(preset: Preset = "tiny", run_name: str | None = None, steps: Steps = N
         preset: A shipped preset in configs/ (tiny: seconds per step; cpu-demo: SmolLM2-135M on CPU;
             paper: the paper's recipe). Python callers may pass a YAML path.
         run_name: Continue (or start) the run of this name; empty: a new run named after this flow run.
-        steps: Training iterations (run.steps); empty: the preset's.
+        steps: Training iterations (run.steps); 0: the preset's.
         replay_ratio: Share of each batch drawn from the experience pool (buffer.replay_ratio; 0 is
-            on-policy GRPO); empty: the preset's.
-        seed: Seed of data order, sampling and model init (run.seed); empty: the preset's.
+            on-policy GRPO); -1: the preset's.
+        seed: Seed of data order, sampling and model init (run.seed); -1: the preset's.
         overrides: Any other dotted.key=value strings, e.g. rollout.group_size=4 (the typed fields win).
         config: The whole config tree; when set, every other field but parent_mlflow_run_id is ignored.
         parent_mlflow_run_id: MLflow run to nest this run under (set by the compare flow).
@@ -172,7 +173,7 @@ def train(preset: Preset = "tiny", run_name: str | None = None, steps: Steps = N
     try:  # from here on every way out leaves the run with a true status in the database and MLflow
         tags = {"exgrpo.run_id": s.run_id, "exgrpo.preset": cfg.preset,
                 **link_tags(cli_equivalent(cfg.preset, sets) if sets is not None else None)}
-        tracker = MlflowRun(cfg, s.mlflow_run_id, tags=tags, parent_run_id=parent_mlflow_run_id)
+        tracker = MlflowRun(cfg, s.mlflow_run_id, tags=tags, parent_run_id=parent_mlflow_run_id or None)
         s.mlflow_run_id = tracker.run_id
         s.store.update_run(s.run_id, mlflow_run_id=tracker.run_id, status="running")
         with _quiet_task_runs():

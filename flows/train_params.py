@@ -1,7 +1,8 @@
 """The training flow's run form and which run a flow run trains.
 
 The form (Prefect's deployment "Run" page) offers the shipped presets as a choice, typed fields for
-the usual changes (`run_name`, `steps`, `replay_ratio`, `seed`) and the free `overrides` list. A run
+the usual changes (`run_name`, `steps`, `replay_ratio`, `seed`: plain inputs whose defaults, "" / 0 / -1 /
+-1, mean the preset's value) and the free `overrides` list. A run
 started from the form without a run name is a new run named `<preset>-<flow run name>-<4 hex of
 the flow run id>`, so clicking Run twice trains twice; a Retry of that flow run (same id, a later
 attempt) continues the run its first attempt started; a given run name continues that run as
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field
+from pydantic.json_schema import SkipJsonSchema
 
 from exgrpo_core.config.load import PRESETS_DIR, load_config
 from exgrpo_core.config.schema import ExGRPOConfig
@@ -23,8 +25,14 @@ from flows.planned_end import PlannedEnd
 PRESETS = tuple(sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
 # A string whose form is a select box of the shipped presets; Python callers may still pass a YAML path.
 Preset = Annotated[str, Field(json_schema_extra={"enum": list(PRESETS)})]
-Steps = Annotated[int | None, Field(ge=1)]
-ReplayRatio = Annotated[float | None, Field(ge=0, lt=1)]
+# Typed form fields: one plain input each, with a real default meaning "the preset's" (UNSET), so Prefect's
+# form has no "None" type toggle; Python callers may still pass None for the same (SkipJsonSchema).
+RunName = str | SkipJsonSchema[None]
+Steps = Annotated[int, Field(ge=0)] | SkipJsonSchema[None]
+ReplayRatio = Annotated[float, Field(ge=-1, lt=1)] | SkipJsonSchema[None]
+Seed = Annotated[int, Field(ge=-1)] | SkipJsonSchema[None]
+Overrides = list[str] | SkipJsonSchema[None]
+UNSET = {"run_name": "", "steps": 0, "replay_ratio": -1.0, "seed": -1}
 
 
 class AlreadyFinishedError(PlannedEnd):
@@ -36,9 +44,10 @@ TYPED_KEYS = {"run_name": "run.name", "steps": "run.steps", "replay_ratio": "buf
 
 
 def form_overrides(overrides: list[str] | None, **typed) -> list[str]:
-    """The overrides list followed by one `key=value` per typed field that is set (typed fields win)."""
+    """The overrides list followed by one `key=value` per typed field that is set, i.e. neither None nor its
+    UNSET value (typed fields win)."""
     out = list(overrides or [])
-    out += [f"{TYPED_KEYS[k]}={v}" for k, v in typed.items() if v is not None]
+    out += [f"{TYPED_KEYS[k]}={v}" for k, v in typed.items() if v is not None and v != UNSET[k]]
     return out
 
 

@@ -5,6 +5,8 @@ The schema checked here is the `parameter_openapi_schema` that `prefect deploy` 
 with `prefect.utilities.schema_tools.validate`, as done below.
 """
 
+import inspect
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from prefect.utilities.schema_tools import validate
 
 from exgrpo_core.config.load import load_config
 from exgrpo_core.config.schema import ExGRPOConfig
-from flows.train_params import PRESETS
+from flows.train_params import PRESETS, run_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = yaml.safe_load((ROOT / "prefect.yaml").read_text())
@@ -53,8 +55,11 @@ def test_deployment_defaults_pass_the_servers_parameter_validation(name):
     assert schema["properties"]["preset"]["type"] == "string"
     if name == "exgrpo-train":  # a select box of the shipped presets
         assert schema["properties"]["preset"]["enum"] == list(PRESETS)
-    overrides = schema["properties"]["overrides"]["anyOf"]
-    assert {"type": "array", "items": {"type": "string"}} in overrides and {"type": "null"} in overrides
+    overrides = schema["properties"]["overrides"]
+    if name == "exgrpo-train":  # a plain list input, no "None" type toggle
+        assert overrides["type"] == "array" and overrides["items"] == {"type": "string"} and "anyOf" not in overrides
+    else:
+        assert {"type": "array", "items": {"type": "string"}} in overrides["anyOf"]
 
 
 @pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
@@ -99,7 +104,7 @@ def test_train_config_form_is_the_documented_config_tree():
 def test_a_full_config_submitted_from_the_form_validates_and_round_trips():
     schema = _schema("exgrpo-train")
     cfg = load_config("tiny", ["run.steps=3"])
-    params = {"preset": "tiny", "overrides": None, "config": cfg.model_dump(mode="json")}
+    params = {"preset": "tiny", "overrides": [], "config": cfg.model_dump(mode="json")}
     assert validate(params, schema, raise_on_error=False, preprocess=True) == []
     assert ExGRPOConfig.model_validate(params["config"]) == cfg
 
@@ -117,13 +122,36 @@ def test_the_train_form_has_typed_run_fields_checked_like_the_server_does():
     props = schema["properties"]
     assert [p for p in props if props[p]["position"] < 6] == ["preset", "run_name", "steps", "replay_ratio",
                                                                 "seed", "overrides"]
-    assert {"type": "string"} in props["run_name"]["anyOf"]
-    assert {"type": "integer", "minimum": 1} in props["steps"]["anyOf"]
-    assert {"type": "number", "minimum": 0, "exclusiveMaximum": 1} in props["replay_ratio"]["anyOf"]
-    assert {"type": "integer"} in props["seed"]["anyOf"]
+    # plain inputs: no anyOf with null (the form's type toggle, `Property is type "None"`) and no null default
+    # (the form would send it, and the server refuses null for a property with a default)
+    plain = {k: {f: v for f, v in props[k].items() if f not in ("title", "description", "position")}
+             for k in ("run_name", "steps", "replay_ratio", "seed", "overrides", "parent_mlflow_run_id")}
+    assert plain == {"run_name": {"type": "string", "default": ""},
+                     "steps": {"type": "integer", "minimum": 0, "default": 0},
+                     "replay_ratio": {"type": "number", "minimum": -1, "exclusiveMaximum": 1, "default": -1.0},
+                     "seed": {"type": "integer", "minimum": -1, "default": -1},
+                     "overrides": {"type": "array", "items": {"type": "string"}, "default": []},
+                     "parent_mlflow_run_id": {"type": "string", "default": ""}}
+    assert "0: the preset's" in props["steps"]["description"] and "-1: the preset's" in props["seed"]["description"]
     ok = {"preset": "cpu-demo", "run_name": "a", "steps": 4, "replay_ratio": 0.0, "seed": 3, "overrides": []}
     assert validate(ok, schema, raise_on_error=False, preprocess=True) == []
-    for bad in ({"preset": "configs/mine.yaml"}, {"steps": 0}, {"replay_ratio": 1.0}, {"seed": "x"}):
+    for bad in ({"preset": "configs/mine.yaml"}, {"steps": -1}, {"replay_ratio": 1.0}, {"seed": "x"},
+                {"steps": None}):
         assert validate({**ok, **bad}, schema, raise_on_error=False, preprocess=True), bad
-    assert {k: DEPLOYMENTS["exgrpo-train"]["parameters"][k] for k in ("run_name", "steps", "replay_ratio", "seed")} == {
-        "run_name": None, "steps": None, "replay_ratio": None, "seed": None}  # empty: a new run, the preset's values
+    form = {k: DEPLOYMENTS["exgrpo-train"]["parameters"][k] for k in ("run_name", "steps", "replay_ratio", "seed")}
+    assert form == {k: props[k]["default"] for k in form}  # the form opens on the flow's defaults
+    assert validate(form, schema, raise_on_error=False, preprocess=True) == []
+
+
+def test_the_form_defaults_mean_the_presets_values():
+    from flows.train import train
+
+    defaults = {k: p.default for k, p in inspect.signature(train.fn).parameters.items()}
+    flow_run = uuid.UUID(int=7)
+    for preset in ("tiny", "cpu-demo"):
+        cfg, sets = run_config({**defaults, "preset": preset}, "brave-otter", flow_run)
+        bare, _ = run_config({"preset": preset}, "brave-otter", flow_run)  # what an empty form field meant
+        assert cfg == bare and not [o for o in sets if o.split("=")[0] in ("run.steps", "run.seed",
+                                                                            "buffer.replay_ratio")]
+    set_all, _ = run_config({**defaults, "preset": "tiny", "steps": 3, "replay_ratio": 0.0, "seed": 0}, "a", flow_run)
+    assert (set_all.run.steps, set_all.buffer.replay_ratio, set_all.run.seed) == (3, 0.0, 0)
