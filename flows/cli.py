@@ -344,15 +344,24 @@ def _config_args(sp, *, required: bool, config_help: str = "preset name (tiny, c
 
 def cmd_rollout_server(args: argparse.Namespace) -> int:
     """Run a stock `vllm serve` with the flags rollout.engine=remote needs (printed first; --dry-run stops there)."""
-    from exgrpo_core.rollout.remote import PIP_HINT, serve_command, serve_env
+    from exgrpo_core.rollout.remote import API_KEY_ENV, PIP_HINT, serve_command, serve_env
 
     extra = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
     cmd = serve_command(args.model, host=args.host, port=args.port, dtype=args.dtype, seed=args.seed,
                         tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
                         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
                         extra=extra)
+    key = os.environ.get(API_KEY_ENV)
+    if not key and args.host not in ("127.0.0.1", "localhost", "::1"):  # the weight routes would be open
+        console.print("[red]error[/red]: " + escape(f"--host {args.host} lets other machines pause the server and "
+                                                    f"replace its weights: set {API_KEY_ENV} (the trainer sends "
+                                                    "the same; docs/scaling.md)"))
+        return 2
     env, shown = serve_env(cmd)
     print(shown, flush=True)
+    if key:
+        print(f"(run on 127.0.0.1 behind a key gate at {args.host}:{args.port}: every route but GET /health needs "
+              f"Authorization: Bearer ${API_KEY_ENV}; flows/rollout_gate.py)", flush=True)
     host = "rollout-node" if args.host in ("0.0.0.0", "::") else args.host
     print(f"train with: --set rollout.engine=remote --set rollout.server_url=http://{host}:{args.port}"
           f" --set model.dtype={args.dtype}", flush=True)
@@ -362,6 +371,10 @@ def cmd_rollout_server(args: argparse.Namespace) -> int:
         console.print("[red]error[/red]: " + escape(f"`exgrpo rollout-server` runs `vllm serve`, which is not "
                                                     f"installed here: `{PIP_HINT}` on the rollout node"))
         return 2
+    if key:
+        from flows import rollout_gate
+
+        return rollout_gate.serve(cmd, env, args.host, args.port, key)
     os.execvpe("vllm", cmd, {**os.environ, **env})  # replaces this process: signals and exit code are vLLM's
 
 
@@ -455,8 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "node); flags after -- go to vllm serve")
     rs.add_argument("--model", required=True, help="Hugging Face name or folder: the model the trainer starts from "
                     "(`exgrpo export` turns a checkpoint into one)")
-    rs.add_argument("--host", default="127.0.0.1", help="address to listen on: a private interface only (the "
-                    "weight routes take no API key)")
+    rs.add_argument("--host", default="127.0.0.1", help="address the trainer connects to; any but loopback needs "
+                    "EXGRPO_ROLLOUT_API_KEY, checked on every route by a gate in front of vLLM")
     rs.add_argument("--port", type=int, default=8000)
     rs.add_argument("--dtype", default="bfloat16", help="weights on the server: the trainer's model.dtype")
     rs.add_argument("--seed", type=int, default=0, help="the server's sampling seed (requests carry none)")

@@ -1,0 +1,119 @@
+"""The key check in front of a rollout server: `exgrpo rollout-server` with EXGRPO_ROLLOUT_API_KEY set.
+
+vLLM's own key (VLLM_API_KEY) guards only its sampling routes; the RL routes that pause the server and
+replace its weights (/pause, /init_weight_transfer_engine, /update_weights, /weight_checker, ...) take
+requests from anyone who reaches the port. So `vllm serve` listens on 127.0.0.1 at a port of its own,
+and this gate listens where the trainer connects (--host/--port): it forwards a request only when it
+carries `Authorization: Bearer <key>` (the trainer's ServerClient sends it), answers 401 otherwise, and
+lets only `GET /health` through without the key. The body goes through unchanged, both ways.
+"""
+
+from __future__ import annotations
+
+import hmac
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+OPEN = {("GET", "/health")}  # what a load balancer's probe may see without the key
+_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization"}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: TokenGate
+
+    def _forward(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if (self.command, path) not in OPEN and not self.server.allows(self.headers.get("Authorization", "")):
+            self._answer(401, {"error": "missing or wrong API key (Authorization: Bearer $EXGRPO_ROLLOUT_API_KEY)"})
+            return
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP | {"host", "content-length"}}
+        conn = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port, timeout=self.server.timeout_s)
+        try:
+            conn.request(self.command, self.path, body=body or None, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        except OSError as e:
+            self._answer(502, {"error": f"the vLLM server behind the gate did not answer ({e})"})
+            return
+        finally:
+            conn.close()
+        self.send_response(resp.status, resp.reason)
+        for k, v in resp.getheaders():
+            if k.lower() not in _HOP | {"content-length"}:
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _forward
+
+    def _answer(self, code: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, fmt: str, *args) -> None:  # vLLM logs the requests it serves
+        pass
+
+
+class TokenGate(ThreadingHTTPServer):
+    """Listens at (host, port) and forwards requests with the right bearer key to 127.0.0.1:upstream_port."""
+
+    daemon_threads = True
+
+    def __init__(self, host: str, port: int, upstream_port: int, key: str, timeout_s: float = 3600.0):
+        if not key:
+            raise ValueError("the gate needs a key")
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        super().__init__((host, port), _Handler)
+        self.upstream_port, self.timeout_s = upstream_port, timeout_s
+        self._expected = f"Bearer {key}".encode()
+
+    def allows(self, header: str) -> bool:
+        return hmac.compare_digest(header.encode(), self._expected)
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def behind_gate(cmd: list[str], port: int) -> list[str]:
+    """The `vllm serve` command moved to 127.0.0.1:`port` (its --host and --port replaced)."""
+    out = list(cmd)
+    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port))):
+        out[out.index(flag) + 1] = value
+    return out
+
+
+def serve(cmd: list[str], env: dict[str, str], host: str, port: int, key: str) -> int:
+    """Run `cmd` (vllm serve) on a loopback port with the gate at host:port in front; returns vLLM's exit
+    code. SIGTERM / SIGINT stop both."""
+    inner = free_loopback_port()
+    gate = TokenGate(host, port, inner, key)
+    proc = subprocess.Popen(behind_gate(cmd, inner), env={**os.environ, **env})
+
+    def stop(signum, _frame) -> None:
+        proc.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    thread = threading.Thread(target=gate.serve_forever, daemon=True)
+    thread.start()
+    try:
+        return proc.wait()
+    finally:
+        gate.shutdown()
+        gate.server_close()

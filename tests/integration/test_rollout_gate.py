@@ -1,0 +1,103 @@
+"""A rollout server reachable from other machines takes weights only from a trainer holding its key.
+
+vLLM's key guards its sampling routes only; the stand-in (fake_vllm_server.py) does the same, so a stranger
+reaching `vllm serve` directly could pause it and replace or zero its weights. `exgrpo rollout-server`
+refuses to listen beyond loopback without EXGRPO_ROLLOUT_API_KEY and, with one, puts flows/rollout_gate.py
+in front: every route but GET /health needs the key; the trainer's pushes and samples go through.
+
+Run: .venv/bin/python -m pytest tests/integration/test_rollout_gate.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exgrpo_core" / "rollout"))
+from fake_vllm_server import FakeVLLMServer, cpu_transfer  # noqa: E402
+
+from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer  # noqa: E402
+from exgrpo_core.rollout.remote import RemoteEngine  # noqa: E402
+from flows import rollout_gate  # noqa: E402
+from flows.cli import main  # noqa: E402
+
+SHAPE = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64}
+KEY = "rollout-key-0123"
+
+
+@pytest.fixture()
+def gated():
+    """The stand-in on a loopback port (with vLLM's own key, as `rollout-server` starts it) behind the gate."""
+    tok = build_tiny_tokenizer()
+    server = FakeVLLMServer(build_tiny_model(tok, **SHAPE, seed=7), api_key=KEY, seed=3)
+    gate = rollout_gate.TokenGate("127.0.0.1", 0, int(server.url.rsplit(":", 1)[1]), KEY)
+    threading.Thread(target=gate.serve_forever, daemon=True).start()
+    yield server, f"http://127.0.0.1:{gate.server_address[1]}", tok
+    gate.shutdown()
+    gate.server_close()
+    server.stop()
+
+
+def _call(url: str, body: dict | None = None, key: str | None = None) -> int:
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_strangers_cannot_touch_the_weights_the_trainer_can(gated):
+    server, url, tok = gated
+    before = server.checksums()
+    for path, body in (("/pause", {}), ("/init_weight_transfer_engine", {"init_info": {}}),
+                       ("/start_weight_update", {}), ("/update_weights", {"update_info": {}}),
+                       ("/weight_checker", {"action": "reset"}), ("/inference/v1/generate", {"token_ids": [1]})):
+        for key in (None, "wrong"):
+            assert _call(url + path, body, key) == 401, (path, key)
+    assert _call(url + "/weight_info", key="wrong") == 401
+    assert not server.paused and server.version == "default" and server.checksums() == before
+    assert ("POST", "/pause") not in server.requests and ("POST", "/weight_checker") not in server.requests
+
+    trainer = build_tiny_model(tok, **SHAPE, seed=0)
+    eng = RemoteEngine(url, tok, params=[(n, tuple(p.shape)) for n, p in trainer.named_parameters()],
+                       eos_ids=[tok.eos_token_id], weight_dtype=torch.float32, api_key=KEY,
+                       open_transfer=cpu_transfer(server))
+    eng.push_weights(trainer.named_parameters())  # pause, transfer, resume, version check: all through the gate
+    assert server.version != "default" and server.checksums() != before
+    out = eng.generate([tok("1+2=")["input_ids"]], [2], temperature=0.7, max_new_tokens=4)
+    assert len(out[0]) == 2
+    assert _call(url + "/health") != 401  # a load balancer's probe
+
+
+def test_rollout_server_beyond_loopback_needs_the_key_and_runs_behind_the_gate(capsys, monkeypatch):
+    monkeypatch.delenv("EXGRPO_ROLLOUT_API_KEY", raising=False)
+    assert main(["rollout-server", "--model", "m", "--host", "0.0.0.0"]) == 2
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("error")] == [
+        "error: --host 0.0.0.0 lets other machines pause the server and replace its weights: set "
+        "EXGRPO_ROLLOUT_API_KEY (the trainer sends the same; docs/scaling.md)"]
+
+    calls = []
+    monkeypatch.setenv("EXGRPO_ROLLOUT_API_KEY", KEY)
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: "/bin/vllm" if name == "vllm" else real(name, *a, **k))
+    monkeypatch.setattr(rollout_gate, "serve", lambda cmd, env, host, port, key: calls.append((cmd, host, port)) or 0)
+    assert main(["rollout-server", "--model", "m", "--host", "10.0.0.5", "--port", "8123"]) == 0
+    out = capsys.readouterr().out
+    assert KEY not in out and "key gate at 10.0.0.5:8123" in out
+    (cmd, host, port), = calls
+    assert (host, port) == ("10.0.0.5", 8123) and cmd[:3] == ["vllm", "serve", "m"]
+    inner = rollout_gate.behind_gate(cmd, 9001)  # vLLM itself listens on loopback only
+    assert inner[inner.index("--host") + 1] == "127.0.0.1" and inner[inner.index("--port") + 1] == "9001"
