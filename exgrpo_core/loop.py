@@ -305,9 +305,10 @@ def run_iteration(s: Session) -> dict:
 
 
 def check_monitors(s: Session, step: int, stats: dict, store: bool = True) -> list[monitors.Firing]:
-    """The step's replay-health firings (exgrpo_core/observe/monitors.py); `store`: record each as the step
-    metric `monitor/<name>` = its watched value. Reporting them and stopping is the caller's."""
-    fired = monitors.check(stats, s.cfg.monitors, step=step, train_questions=len(s.questions),
+    """The replay-health firings of 0-based step `step` (exgrpo_core/observe/monitors.py), each naming its step
+    number; `store`: record each as the step metric `monitor/<name>` = its watched value. Reporting them and
+    stopping is the caller's."""
+    fired = monitors.check(stats, s.cfg.monitors, step=M.step_number(step), train_questions=len(s.questions),
                            replay_slots=s.cfg.replay_questions)
     if fired and store:
         s.store.log_metrics(s.run_id, step, {f.key: f.value for f in fired})

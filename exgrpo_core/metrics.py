@@ -118,6 +118,14 @@ def monitor_key(name: str) -> str:
     return MONITOR_PREFIX + name
 
 
+def step_number(index: int) -> int:
+    """The step a user reads for a 0-based step index (the loop's, the database's, trainer_state.pt's):
+    the optimiser updates done once that step is over, so step N is the step that performs update N
+    and index -1 (the starting policy) is step 0. MLflow steps, artifact and checkpoint names, task
+    names, monitors and every printed step use it (docs/implementation_details.md, step numbering)."""
+    return index + 1
+
+
 def bucket_key(k: int) -> str:
     """`buffer/bucket_3`: number of questions whose latest group had k correct."""
     return f"buffer/bucket_{k}"

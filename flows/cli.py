@@ -209,7 +209,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     for kind, value in targets:
         out = eval_flow.evaluate(preset=cfg.preset, config=cfg, **{kind: value})
         summaries[out["label"]] = out["eval"]
-        console.print("[green]evaluated[/green] " + escape(f"{out['source']} (MLflow step {out['step']}): run "
+        console.print("[green]evaluated[/green] " + escape(f"{out['source']} (step {out['step']}): run "
                       f"{out['run_id']}, MLflow run {out['mlflow_run_id']}, files in {out['artifacts']}"))
     paths = eval_report.write_table(summaries, args.out, stem="eval_table")
     console.print(paths["md"].read_text(), end="", markup=False)

@@ -1,8 +1,9 @@
 """Evaluation tasks shared by the training flow (periodic / final) and the evaluate flow.
 
 `record` puts one evaluation everywhere it belongs: `eval_results` (save_eval, keyed by run id and
-step), the step metrics and MLflow under `eval/<benchmark>/<metric>` (metrics.eval_key), and the
-table / plot / samples files as MLflow artifacts under `eval/step_NNNNNN/`.
+0-based step index), the step metrics and MLflow under `eval/<benchmark>/<metric>` (metrics.eval_key),
+and the table / plot / samples files as MLflow artifacts under `eval/step_NNNNNN/`. What users read (the
+MLflow step, N, the printed line) is the step number (metrics.step_number): the start model is step 0.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from exgrpo_core.evaluation import evaluate as E, report as eval_report
 from flows.run_report import stage_name
 
 _task = task(cache_policy=NO_CACHE, persist_result=False)
-START_STEP = -1  # the step an evaluation of the starting policy is stored at (eval.at_start)
+START_STEP = -1  # the step index an evaluation of the starting policy is stored at: step 0 (eval.at_start)
 
 
 def load_items(cfg: ExGRPOConfig) -> list[E.EvalItem]:
@@ -101,14 +102,15 @@ def record(report: E.EvalReport, *, store, run_id: str, step: int, tracker, out_
     flat = flat_metrics(report)
     store.log_metrics(run_id, step, flat)
     tracker.log_metrics(flat, step)
-    folder = Path(out_dir) / f"step_{step:06d}"
+    folder = Path(out_dir) / f"step_{M.step_number(step):06d}"
     eval_report.write_table({label: report.summary()}, folder)
     eval_report.write_samples(report, folder / "samples.jsonl")
-    tracker.log_artifacts(folder, f"eval/step_{step:06d}")
+    tracker.log_artifacts(folder, f"eval/{folder.name}")
     avg = report.average.get("pass@1", float("nan"))
     parts = ", ".join(f"{b} {100 * m['pass@1']:.1f}" for b, m in report.benchmarks.items())
     groups = "".join(f", {g.upper()} avg {100 * v:.1f}%" for g, v in report.group_averages().items())
-    print(f"eval step {step + 1}: average pass@1 {100 * avg:.1f}%{groups} ({parts}) in {report.seconds:.1f} s")
+    print(f"eval step {M.step_number(step)}: average pass@1 {100 * avg:.1f}%{groups} ({parts}) "
+          f"in {report.seconds:.1f} s")
     return report.summary()
 
 
@@ -136,13 +138,13 @@ class TrainingEvaluator:
                                     scores=False)  # tokens only (transformers engine): the same tokens
         report = run_eval.with_options(task_run_name=stage_name("evaluate", step))(
             s.accelerator.unwrap_model(s.model), s.tokenizer, self.items, s.verify, {**self.args, "engine": engine},
-            label=f"eval step {step + 1}")
+            label=f"eval step {M.step_number(step)}")
         return record.with_options(task_run_name=stage_name("record evaluation", step))(
             report, store=s.store, run_id=s.run_id, step=step, tracker=tracker, out_dir=s.run_dir / "eval",
             label=self.cfg.run.name)
 
     def start(self, s, tracker) -> dict | None:
-        """With eval.at_start: evaluate the starting policy once, stored at step -1 (before step 0)."""
+        """With eval.at_start: evaluate the starting policy once: step 0, stored at index -1."""
         if not self.cfg.eval.at_start or s.step != 0:
             return None
         return stored_summary(s.store, s.run_id, START_STEP) or self.run(s, tracker, START_STEP)

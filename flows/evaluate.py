@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from prefect import flow
 
+from exgrpo_core import metrics as M
 from exgrpo_core.config.load import ConfigError, load_config
 from exgrpo_core.config.redact import masked_config
 from exgrpo_core.config.schema import ExGRPOConfig
@@ -23,18 +24,20 @@ from exgrpo_core.models import load as models
 from exgrpo_core.reward.grading import MathVerifier
 from exgrpo_core.run import allocator, checkpoint as C
 from exgrpo_core.store.experience_store import ExperienceStore, StoreError, resolve_db_url
-from flows.eval_tasks import generation_args, load_items, record, run_eval
+from flows.eval_tasks import START_STEP, generation_args, load_items, record, run_eval
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 
 
 @dataclass
 class Target:
-    """What is evaluated: weights at `source`; run ids when they come from a training run's checkpoint."""
+    """What is evaluated: weights at `source`; run ids when they come from a training run's checkpoint.
+    `step`: the 0-based step index it is stored at: the checkpoint's last step, or START_STEP (-1, step 0)
+    for a bare model, which no update has touched."""
 
     source: str
     label: str
     run_dir: Path
-    step: int = 0
+    step: int = START_STEP
     run_id: str | None = None
     mlflow_run_id: str | None = None
 
@@ -69,7 +72,7 @@ def resolve_target(cfg: ExGRPOConfig, model: str | None, checkpoint: str | None,
 def evaluate(preset: str = "tiny", overrides: list[str] | None = None, model: str | None = None,
              checkpoint: str | None = None, run: str | None = None, suites: list[str] | None = None,
              config: ExGRPOConfig | None = None) -> dict:
-    """Evaluate on `suites` (default: eval.suites, else data.eval_path); returns ids, step and the scores.
+    """Evaluate on `suites` (default: eval.suites, else data.eval_path); returns ids, step number and scores.
 
     `preset`/`overrides` build the config (`config`, when given, is used as is); `model` is a name or
     path, `checkpoint` a checkpoint folder, `run` a run name under run.output_dir (latest checkpoint).
@@ -112,9 +115,10 @@ def evaluate(preset: str = "tiny", overrides: list[str] | None = None, model: st
         tracker.end("FINISHED")
     finally:
         store.close()
-    return {"label": target.label, "run_id": run_id, "mlflow_run_id": tracker.run_id, "step": target.step,
+    step = M.step_number(target.step)  # as MLflow, the checkpoint's folder and the artifacts name it
+    return {"label": target.label, "run_id": run_id, "mlflow_run_id": tracker.run_id, "step": step,
             "source": target.source, "eval": summary, "seconds": report.seconds,
-            "artifacts": str(target.run_dir / "eval" / f"step_{target.step:06d}")}
+            "artifacts": str(target.run_dir / "eval" / f"step_{step:06d}")}
 
 
 def _db_run(store: ExperienceStore, cfg: ExGRPOConfig, target: Target) -> str:
@@ -127,5 +131,5 @@ def _db_run(store: ExperienceStore, cfg: ExGRPOConfig, target: Target) -> str:
     run_id = uuid.uuid4().hex
     store.start_run(run_id, target.label, cfg.preset, {"evaluate": target.source, **masked_config(cfg)},
                     cfg.rollout.group_size)
-    store.update_run(run_id, status="finished", step=0)
+    store.update_run(run_id, status="finished")  # step -1: no step trained
     return run_id

@@ -17,6 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from exgrpo_core import metrics as M  # noqa: E402
+
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
@@ -74,14 +76,16 @@ def replay_bars(replays: dict[int, int], weights: dict[int, float], title: str, 
 def write_run_pictures(folder: str | Path, *, step: int, since_step: int, group_size: int,
                        correct: list[float], incorrect: list[float], buckets: dict[int, int],
                        replays: dict[int, int], weights: dict[int, float]) -> Path:
-    """The three pictures and data.json for 0-based `step` in `folder` (created); returns the folder."""
+    """The three pictures and data.json for 0-based step indices `since_step`..`step` in `folder` (created);
+    titles and data.json name them by step number (metrics.step_number). Returns the folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    steps = f"steps {since_step + 1}-{step + 1}" if since_step < step else f"step {step + 1}"
+    first, last = M.step_number(since_step), M.step_number(step)
+    steps = f"steps {first}-{last}" if first < last else f"step {last}"
     entropy_histogram(correct, incorrect, f"Response entropy, {steps}", folder / "entropy.png")
-    bucket_bars(buckets, group_size, f"Questions by bucket after step {step + 1}", folder / "buckets.png")
-    replay_bars(replays, weights, f"Replays by source bucket, steps 1-{step + 1}", folder / "replays.png")
-    data = {"step": step, "since_step": since_step, "entropy_correct": correct, "entropy_incorrect": incorrect,
+    bucket_bars(buckets, group_size, f"Questions by bucket after step {last}", folder / "buckets.png")
+    replay_bars(replays, weights, f"Replays by source bucket, steps 1-{last}", folder / "replays.png")
+    data = {"step": last, "first_step": first, "entropy_correct": correct, "entropy_incorrect": incorrect,
             "buckets": buckets, "replays": replays, "weights": weights}
     (folder / "data.json").write_text(json.dumps(data))
     return folder

@@ -10,6 +10,10 @@ The experiment is tagged as model training (`mlflow.experimentKind`); MLflow 3.1
 global GenAI / model-training switch, so the links built here open the experiment with
 `?workflowType=machine_learning`. `log_checkpoint` records the final checkpoint (path, manifest hash,
 and on request the model) so a run can be rebuilt from MLflow.
+
+Steps: callers pass the 0-based step index the database stores; MLflow gets its step number
+(metrics.step_number: updates done, the start model's evaluation at 0), the one boundary where the two
+differ. A run made before that (no `exgrpo.step_numbering` tag) keeps its 0-based steps when continued.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from exgrpo_core import metrics as M
 from exgrpo_core.config.load import flatten
 from exgrpo_core.config.redact import mask_text, masked, masked_config
 from exgrpo_core.config.schema import ExGRPOConfig
@@ -36,6 +41,8 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # read by MLflow 3's UI: genai_de
 MODEL_TRAINING = "custom_model_development"
 TRAINING_VIEW = "workflowType=machine_learning"  # MLflow 3.17's UI: the model-training view of a page
 LOCAL_UI = "http://127.0.0.1:5000"  # what `mlflow ui --backend-store-uri <local store>` serves
+STEP_TAG = "exgrpo.step_numbering"  # on runs whose MLflow steps are step numbers (metrics.step_number)
+STEP_NUMBERS = "updates_done"
 
 
 class TrackingError(RuntimeError):
@@ -122,6 +129,8 @@ class MlflowRun:
                 mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
             self.experiment_id = mlflow.set_experiment(cfg.run.mlflow_experiment).experiment_id
         self.attached = bool(run_id) and not reopen
+        if run_id is None:
+            tags = {**tags, STEP_TAG: STEP_NUMBERS}
         if self.attached:
             self.run = mlflow.MlflowClient().get_run(run_id)
             self.run_id = run_id
@@ -132,6 +141,8 @@ class MlflowRun:
                                         nested=parent_run_id is not None,
                                         parent_run_id=None if run_id else parent_run_id)
             self.run_id = self.run.info.run_id
+        # a run logged before step numbers (no tag) keeps its 0-based MLflow steps when continued
+        self.numbered = self.run.data.tags.get(STEP_TAG) == STEP_NUMBERS
         self._logged = self._logged_points() if run_id else set()
         if run_id is None:
             params = {k: ("None" if v is None else str(v))[:6000] for k, v in masked(flatten(cfg)).items()}
@@ -146,9 +157,11 @@ class MlflowRun:
                 for m in client.get_metric_history(self.run_id, key)}
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Log finite numbers at `step`; a (metric, step) the run already holds is left as it is, so a
-        replayed step never adds a second point (its first values stand: equal for a bit-exact resume,
-        timings aside)."""
+        """Log finite numbers of 0-based step index `step` (the database's) at its step number, the MLflow
+        step (metrics.step_number; -1, the starting policy, is step 0); a (metric, step) the run already
+        holds is left as it is, so a replayed step never adds a second point (its first values stand:
+        equal for a bit-exact resume, timings aside)."""
+        step = M.step_number(step) if self.numbered else step
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)
                  and (k, step) not in self._logged}
         if not clean:

@@ -231,15 +231,16 @@ class _Entropies:
 
 @_task
 def log_pictures(s: Session, tracker: MlflowRun, step: int, stats: dict, ent: _Entropies) -> str:
-    """The paper's pictures at this step (flows/plots.py) as MLflow artifacts `plots/step_NNNNNN/`."""
+    """The paper's pictures at this step (flows/plots.py) as MLflow artifacts `plots/step_NNNNNN/` (N: the
+    step number, metrics.step_number, as the checkpoint and the MLflow step of the same step)."""
     K, sel = s.cfg.rollout.group_size, s.cfg.selection
+    name = f"plots/step_{M.step_number(step):06d}"
     folder = write_run_pictures(
-        s.run_dir / "plots" / f"step_{step:06d}", step=step, since_step=ent.since, group_size=K,
+        s.run_dir / name, step=step, since_step=ent.since, group_size=K,
         correct=ent.correct, incorrect=ent.incorrect,
         buckets={k: int(stats.get(M.bucket_key(k), 0)) for k in range(K + 1)},
         replays=s.store.replay_buckets(s.run_id),
         weights=selection.bucket_weights(K, sel.question_weighting, sel.sigma, sel.sigma_unit))
-    name = f"plots/step_{step:06d}"
     tracker.log_artifacts(folder, name)
     return name
 

@@ -112,7 +112,7 @@ def shoot(out: Path, prefect_ui: str, mlflow_uri: str, flow_run_id: str, mlflow_
         exp = f"{mlflow_uri}/#/experiments/{exp_id}"
         _shot(driver, exp + "?workflowType=machine_learning", out / "mlflow_experiment.png", run_name,
               close_panels=True)
-        _shot(driver, f"{exp}/runs/{mlflow_run_id}/artifacts/plots/step_000003/entropy.png"
+        _shot(driver, f"{exp}/runs/{mlflow_run_id}/artifacts/plots/step_000004/entropy.png"
               "?workflowType=machine_learning", out / "mlflow_run_plots.png", "entropy.png", close_panels=True)
     finally:
         driver.quit()

@@ -26,7 +26,8 @@ LABELS = {
 
 @dataclass(frozen=True)
 class Firing:
-    """One monitor outside its bounds at one step: `value` broke `limit` (`side` below / above)."""
+    """One monitor outside its bounds at one step: `value` broke `limit` (`side` below / above); `step` is
+    the step number users read (metrics.step_number: updates done, as MLflow and the checkpoints count)."""
 
     name: str
     step: int

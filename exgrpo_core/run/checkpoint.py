@@ -6,9 +6,9 @@ files are config + tokenizer and `model/` holds each process's weight shard), wr
 folder and renamed, so a kill mid-save never leaves a half checkpoint that looks complete. The
 experience database is rolled back to the checkpoint's step on resume (`ExperienceStore.rollback_to`).
 
-Numbering: a folder is named by the steps completed, the count the CLI's progress line shows
-(`step 4/4` -> `step_000004`); `trainer_state.pt` keeps the 0-based index of its last step (3 here),
-the step the database and MLflow log it at.
+Numbering: a folder is named by its step number, the steps completed (metrics.step_number), as the CLI's
+progress line and MLflow count (`step 4/4` -> `step_000004`, MLflow step 4); `trainer_state.pt` keeps the
+0-based index of its last step (3 here), the step the experience database stores it at.
 
 Pruning (`run.keep_checkpoints`): only after a new checkpoint is renamed into place, fsynced and its
 files checked against its manifest, and only folders older than it: the checkpoint a run resumed
@@ -40,6 +40,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from exgrpo_core import metrics as M
+
 STATE_FILE = "trainer_state.pt"
 OPTIMIZER_SHARDS = "optimizer"
 MODEL_SHARDS = "model"
@@ -70,8 +72,8 @@ def no_progress_bars():
 
 
 def folder_name(step: int) -> str:
-    """The folder of the checkpoint taken after 0-based step `step`: named by the steps completed."""
-    return f"step_{step + 1:06d}"
+    """The folder of the checkpoint taken after 0-based step `step`: named by its step number (steps completed)."""
+    return f"step_{M.step_number(step):06d}"
 
 
 def _number(path: Path) -> int:

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from exgrpo_core import metrics as M
 from exgrpo_core.algorithm.sampler import FreshSampler
 from exgrpo_core.config.load import ConfigError
 from exgrpo_core.config.redact import masked_config
@@ -186,9 +187,10 @@ def check_database(ckpt: Path | None, db_url: str) -> None:
             row = store.get_run(run_id)
     if row is not None and row["step"] >= step:
         return
-    found = "has no such run" if row is None else f"stores it only up to step {row['step']}"
-    raise ResumeError(
-        f"checkpoint {ckpt.name} is step {step} of run {run_id}, but the experience database {mask_url(url)} "
+    found = "has no such run" if row is None else f"stores it only up to step {M.step_number(row['step'])}"
+    raise ResumeError(  # steps as users read them (metrics.step_number), not the stored 0-based indices
+        f"checkpoint {ckpt.name} is step {M.step_number(step)} of run {run_id}, but the experience database "
+        f"{mask_url(url)} "
         f"{found} (deleted or replaced?): point run.db_url at the database this run trained with, or move "
         f"{ckpt.parent} aside to start the run again")
 

@@ -59,7 +59,7 @@ def test_training_run_evaluates_periodically_and_at_the_end(trained):
     with ExperienceStore(f"sqlite:///{tmp / 'exp.db'}") as store:
         evals = store.get_evals(first["run_id"])
         metric_steps = [s for s, _ in store.get_metrics(first["run_id"])[M.eval_key("tiny-arith", "pass@1")]]
-    # every=2 -> after steps 1, 3, 5; the final evals (steps 3 and 5) reuse them; no duplicates on resume
+    # every=2 -> after steps 2, 4, 6 (stored 0-based: 1, 3, 5); the final evals reuse them; no duplicates on resume
     assert [(e["step"], e["benchmark"]) for e in evals] == [
         (1, "average"), (1, "tiny-arith"), (3, "average"), (3, "tiny-arith"), (5, "average"), (5, "tiny-arith")]
     assert metric_steps == [1, 3, 5]
@@ -74,13 +74,13 @@ def test_eval_metrics_and_artifacts_reach_mlflow_and_are_declared(trained):
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
     run = client.get_run(first["mlflow_run_id"])
     key = M.eval_key("tiny-arith", "pass@1")
-    assert [h.step for h in client.get_metric_history(run.info.run_id, key)] == [1, 3, 5]
+    assert [h.step for h in client.get_metric_history(run.info.run_id, key)] == [2, 4, 6]  # step numbers
     for k in (M.eval_key("average", "pass@1"), M.eval_key("tiny-arith", "pass@2"), M.EVAL_QUESTIONS_PER_S):
         assert k in run.data.metrics
     assert not [k for k in run.data.metrics if not M.declared(k, 8)]
-    files = {f.path for f in client.list_artifacts(run.info.run_id, "eval/step_000003")}
-    assert {f"eval/step_000003/eval_table.{x}" for x in ("md", "csv", "json", "png")} <= files
-    assert "eval/step_000003/samples.jsonl" in files
+    files = {f.path for f in client.list_artifacts(run.info.run_id, "eval/step_000004")}
+    assert {f"eval/step_000004/eval_table.{x}" for x in ("md", "csv", "json", "png")} <= files
+    assert "eval/step_000004/samples.jsonl" in files
 
 
 def test_cli_evaluates_a_runs_checkpoint_into_that_run(trained):
@@ -96,11 +96,13 @@ def test_cli_evaluates_a_runs_checkpoint_into_that_run(trained):
     assert (after.info.status, after.info.end_time) == ("FINISHED", before.end_time), "evaluate reopened the run"
     assert after.info.end_time - after.info.start_time == before.end_time - before.start_time  # its duration
     assert after.data.tags["exgrpo.kind"] == "train"
-    assert "eval/step_000005/eval_table.md" in {f.path for f in client.list_artifacts(after.info.run_id, "eval/step_000005")}
+    files = {f.path for f in client.list_artifacts(after.info.run_id, "eval/step_000006")}
+    assert "eval/step_000006/eval_table.md" in files
+    assert "step_000006 (step 6): run" in " ".join(out.split())  # rich wraps long lines
     assert "| ev |" in out
     with ExperienceStore(f"sqlite:///{tmp / 'exp.db'}") as store:
         steps = [e["step"] for e in store.get_evals(first["run_id"]) if e["benchmark"] == "tiny-arith"]
-    assert steps == [1, 3, 5], "the checkpoint's step (5) was evaluated again in place, not added"
+    assert steps == [1, 3, 5], "the checkpoint's step (index 5) was evaluated again in place, not added"
     table = json.loads((out_dir / "eval_table.json").read_text())
     assert set(table["ev"]) == {"tiny-arith", "average"}
 
@@ -113,6 +115,8 @@ def test_cli_evaluates_a_bare_model_in_an_evaluation_only_run(tmp_path, tiny_ove
         run_id = store.find_run_by_name("eval-tiny")
         assert run_id and store.get_run(run_id)["mlflow_run_id"]
         assert {e["benchmark"] for e in store.get_evals(run_id)} == {"tiny-arith", "average"}
+        assert {e["step"] for e in store.get_evals(run_id)} == {-1} and store.get_run(run_id)["step"] == -1
+    assert "(step 0): run" in " ".join(out.split())  # the start model: no update done
 
 
 def test_cli_bad_suite_path_is_one_clear_error(tmp_path, tiny_overrides):

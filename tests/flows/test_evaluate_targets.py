@@ -39,7 +39,7 @@ def test_plain_model_folder_and_default_model_are_bare_targets(cfg, tmp_path):
     save_policy(build_tiny_model(tok, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32),
                 tok, tmp_path / "my model")
     t = resolve_target(cfg, None, str(tmp_path / "my model"), None)
-    assert t.run_id is None and t.label == "eval-my-model" and t.step == 0
+    assert t.run_id is None and t.label == "eval-my-model" and t.step == -1  # step 0: the start model
     assert resolve_target(cfg, None, None, None).label == "eval-tiny"
 
 

@@ -54,14 +54,14 @@ def _events(run_id: str, want: set[str], timeout_s: float = 180.0) -> dict:
 
 
 def test_monitor_stops_a_real_run_and_reports_everywhere(tmp_path, prefect_server, tiny_overrides):
-    # the random tiny model samples near-uniformly (H ~ log 85 > 3: fresh_entropy warns at step 0) and
-    # almost never answers right (most groups all-wrong: zero_variance > 0.5 stops at step 0)
+    # the random tiny model samples near-uniformly (H ~ log 85 > 3: fresh_entropy warns at step 1) and
+    # almost never answers right (most groups all-wrong: zero_variance > 0.5 stops at step 1, stored 0)
     stop = ["run.steps=4", "monitors.zero_variance.max=0.5", "monitors.zero_variance.action=checkpoint_and_stop"]
     code, out = _train(tiny_overrides, stop)
     assert code == 3, out[-4000:]
-    assert "monitor fresh_entropy at step 0: fresh entropy H(o)" in out, out[-4000:]
+    assert "monitor fresh_entropy at step 1: fresh entropy H(o)" in out, out[-4000:]
     stopped = [line for line in out.splitlines() if line.startswith("stopped: ")]
-    assert len(stopped) == 1 and "monitor zero_variance at step 0" in stopped[0], out[-4000:]
+    assert len(stopped) == 1 and "monitor zero_variance at step 1" in stopped[0], out[-4000:]
     assert "Traceback" not in out
 
     db = tmp_path / "exp.db"
@@ -77,14 +77,14 @@ def test_monitor_stops_a_real_run_and_reports_everywhere(tmp_path, prefect_serve
 
     run = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(mlflow_id)
     assert run.info.status == "FAILED"
-    assert "monitor zero_variance at step 0" in run.data.tags["exgrpo.stopped_by"]
+    assert "monitor zero_variance at step 1" in run.data.tags["exgrpo.stopped_by"]
     assert "fresh_entropy" in run.data.tags["exgrpo.monitor.fresh_entropy"]
     assert run.data.metrics[M.monitor_key("zero_variance")] == pytest.approx(fired[M.monitor_key("zero_variance")])
 
     events = _events(run_id, {"exgrpo.monitor.zero_variance", "exgrpo.monitor.fresh_entropy"})
     ev = events.get("exgrpo.monitor.zero_variance")
     assert ev is not None, f"events found: {sorted(events)}"
-    assert ev.payload["step"] == 0 and ev.payload["action"] == "checkpoint_and_stop"
+    assert ev.payload["step"] == 1 and ev.payload["action"] == "checkpoint_and_stop"  # as the message says
     assert ev.resource["prefect.resource.name"] == "mon"
     flow_runs = [r.id for r in ev.related if r.role == "flow-run"]
     assert len(flow_runs) == 1

@@ -138,17 +138,17 @@ def test_pictures_checkpoint_reference_and_model_are_mlflow_artifacts(ui_runs, t
     client = _mlflow(tmp)
     summary = first.result()
     rid = summary["mlflow_run_id"]
-    for step in (1, 2):
+    for step in (2, 3):  # step numbers, as the checkpoints and MLflow steps
         files = {Path(f.path).name for f in client.list_artifacts(rid, f"plots/step_{step:06d}")}
         assert files == {"entropy.png", "buckets.png", "replays.png", "data.json"}, files
-    data = json.loads(Path(client.download_artifacts(rid, "plots/step_000002/data.json", str(tmp_path))).read_text())
+    data = json.loads(Path(client.download_artifacts(rid, "plots/step_000003/data.json", str(tmp_path))).read_text())
     n = len(data["entropy_correct"]) + len(data["entropy_incorrect"])
     reward = {m.step: m.value for m in client.get_metric_history(rid, M.REWARD_MEAN)}
-    assert data["since_step"] == 2 and n > 0
-    assert len(data["entropy_correct"]) / n == pytest.approx(reward[2])  # the window is step 3's responses
+    assert data["step"] == data["first_step"] == 3 and n > 0
+    assert len(data["entropy_correct"]) / n == pytest.approx(reward[3])  # the window is step 3's responses
     for k, count in data["buckets"].items():
         hist = {m.step: m.value for m in client.get_metric_history(rid, M.bucket_key(int(k)))}
-        assert hist[2] == count
+        assert hist[3] == count
     replayed = sum(m.value for m in client.get_metric_history(rid, M.REPLAYED_SAMPLES))
     unfilled = sum(m.value for m in client.get_metric_history(rid, M.UNFILLED_SLOTS))
     # the plot counts experiential questions drawn per bucket; one retired by its own step's buffer update

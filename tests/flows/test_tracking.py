@@ -60,11 +60,34 @@ def test_a_continued_run_gets_one_point_per_metric_and_step(tmp_path):
         again.log_metrics({"a": 100 + step, "b": 100 + step}, step)
     again.end()
     client = mlflow.MlflowClient(tracking_uri=cfg.run.mlflow_tracking_uri)
-    for key in ("a", "b"):
+    for key in ("a", "b"):  # MLflow steps are step numbers: index + 1
         steps = sorted(m.step for m in client.get_metric_history(first.run_id, key))
-        assert steps == [0, 1, 2, 3, 4], (key, steps)
+        assert steps == [1, 2, 3, 4, 5], (key, steps)
     b = {m.step: m.value for m in client.get_metric_history(first.run_id, "b")}
-    assert b[2] == 12 and b[3] == 103  # the first point of a step stands; a missing one is filled in
+    assert b[3] == 12 and b[4] == 103  # the first point of a step stands; a missing one is filled in
+
+
+def test_a_run_logged_before_step_numbers_keeps_its_0_based_steps_on_resume(tmp_path):
+    """A run without the step-numbering tag (logged 0-based by older code) continues 0-based: a resume
+    still adds exactly one point per (metric, step), none shifted beside the old ones."""
+    import mlflow
+
+    from exgrpo_core.config.schema import ExGRPOConfig
+    from flows.tracking import STEP_TAG, MlflowRun
+
+    cfg = ExGRPOConfig()
+    cfg.run.mlflow_tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    old = MlflowRun(cfg, None, tags={})
+    client = mlflow.MlflowClient(tracking_uri=cfg.run.mlflow_tracking_uri)
+    client.delete_tag(old.run_id, STEP_TAG)  # as older code made it
+    for step in range(2):
+        client.log_metric(old.run_id, "a", step, step=step)
+    old.end("FAILED")
+    again = MlflowRun(cfg, old.run_id, tags={})
+    for step in range(1, 3):
+        again.log_metrics({"a": 100 + step}, step)
+    again.end()
+    assert {m.step: m.value for m in client.get_metric_history(old.run_id, "a")} == {0: 0, 1: 1, 2: 102}
 
 
 def test_a_kill_while_mlflow_creates_its_store_leaves_no_half_built_store(tmp_path, monkeypatch):

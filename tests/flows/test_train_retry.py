@@ -144,7 +144,7 @@ def test_a_retry_of_a_stopped_flow_run_resumes_its_run_exactly(retried):
     run = client.get_run(mlflow_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["exgrpo.command"] == f"python -m prefect.engine (flow run {r['fr'].name}, no deployment)"
-    assert [m.step for m in client.get_metric_history(mlflow_id, M.REWARD_MEAN)] == [0, 1, 2, 3, 4]
+    assert [m.step for m in client.get_metric_history(mlflow_id, M.REWARD_MEAN)] == [1, 2, 3, 4, 5]  # step numbers
 
 
 def test_a_retry_of_a_finished_flow_run_ends_already_finished_quietly(retried):

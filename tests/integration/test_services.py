@@ -168,7 +168,7 @@ def _check_mlflow(uri: str, run_name: str, run_id: str, state: Path) -> None:
     [run] = client.search_runs([experiment.experiment_id], f"tags.`exgrpo.run_id` = '{run_id}'")
     assert run.info.status == "FINISHED" and run.info.run_name == run_name
     history = client.get_metric_history(run.info.run_id, M.REWARD_MEAN)
-    assert sorted(m.step for m in history) == [0, 1]
+    assert sorted(m.step for m in history) == [1, 2]  # step numbers: the database stores 0 and 1
     if HAS_EVALUATE:
         assert any(k.startswith("eval/") for k in run.data.metrics), sorted(run.data.metrics)
     assert not any(k.endswith("db_url") and v not in ("None", "") for k, v in run.data.params.items())

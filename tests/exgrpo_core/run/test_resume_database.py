@@ -44,7 +44,7 @@ def test_resume_into_a_deleted_database_is_refused_naming_both(tmp_path):
     with pytest.raises(ResumeError) as e:
         open_session(_cfg(tmp_path), verify=_wrong)
     msg = str(e.value)
-    assert f"step_000001 is step 0 of run {run_id}" in msg and "has no such run" in msg and "\n" not in msg
+    assert f"step_000001 is step 1 of run {run_id}" in msg and "has no such run" in msg and "\n" not in msg
     assert str(tmp_path / "exp.db") in msg and "run.db_url" in msg and "aside" in msg
     assert not (tmp_path / "exp.db").exists()  # not created by the check
 
@@ -53,8 +53,8 @@ def test_resume_into_an_older_copy_of_the_database_is_refused(tmp_path):
     run_id = _train(tmp_path, 2, backup_after=0)
     for suffix in ("-wal", "-shm"):
         (tmp_path / f"exp.db{suffix}").unlink(missing_ok=True)
-    shutil.copy(tmp_path / "backup.db", tmp_path / "exp.db")  # a backup taken after step 0
-    with pytest.raises(ResumeError, match=f"step 1 of run {run_id}, .* stores it only up to step 0"):
+    shutil.copy(tmp_path / "backup.db", tmp_path / "exp.db")  # a backup taken after step 1 (index 0)
+    with pytest.raises(ResumeError, match=f"step_000002 is step 2 of run {run_id}, .* stores it only up to step 1"):
         open_session(_cfg(tmp_path), verify=_wrong)
 
 
