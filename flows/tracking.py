@@ -100,6 +100,13 @@ def _create_local_store(uri: str) -> None:
     os.replace(tmp, db)
 
 
+def open_store(uri: str) -> None:
+    """Make a local SQLite store ready before anything opens it (MlflowClient, get_experiment_by_name):
+    several processes opening one new store at once race on MLflow's table creation (alembic errors)."""
+    with _creation_lock(uri):
+        _create_local_store(uri)
+
+
 class MlflowRun:
     """Owns the MLflow run of one training flow run (created, or continued on resume)."""
 

@@ -24,7 +24,7 @@ from flows.compare import parallel as par, report
 from flows.compare.arms import ArmName, ArmRun, build_arm_runs, can_evaluate, parse_arms, parse_seeds, rollout_slots
 from flows.compare.parallel import finished_summary
 from flows.run_report import artifact_key, link_tags
-from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
+from flows.tracking import MlflowRun, check_server, open_store, resolve_tracking_uri
 from flows.train import train
 
 _task = task(cache_policy=NO_CACHE, persist_result=False)
@@ -135,7 +135,9 @@ def _find_parent(cfg: ExGRPOConfig, name: str, tag: str = "exgrpo.comparison") -
     """The MLflow run id of an earlier comparison (or sweep: `tag`) with this name (a rerun continues it)."""
     import mlflow
 
-    client = mlflow.MlflowClient(tracking_uri=resolve_tracking_uri(cfg))
+    uri = resolve_tracking_uri(cfg)
+    open_store(uri)  # two comparisons starting at once on a new store: one creates it, the other waits
+    client = mlflow.MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(cfg.run.mlflow_experiment)
     if exp is None:
         return None
