@@ -3,6 +3,7 @@
     .venv/bin/python scripts/make_bundled_datasets.py [--gsm8k ../shared/data/gsm8k]
 
 tiny-arith: every "a+b" with a+b <= 9 plus nine "a-b", for the tiny char-level preset.
+tiny-arith-test: every "a-b" with b <= a <= 8, the tiny preset's held-out suite (no question of tiny-arith).
 arith-easy(-test): mixed-difficulty arithmetic for the CPU demo, 240 train / 80 test (mix from calibrate_cpu_demo.py).
 arith-half(-test): the same 320 questions re-split 160 / 160 per category (the SmolLM2 confirmation's held-out).
 gsm8k-easy(-test): the shortest 1-2 step GSM8K problems (MIT, OpenAI), train from train.jsonl, test from test.jsonl.
@@ -51,6 +52,12 @@ def tiny_arith() -> list[dict]:
     rows = [{"question": f"{a}+{b}", "answer": str(a + b)} for a in range(10) for b in range(10 - a)]
     rows += [{"question": f"9-{b}", "answer": str(9 - b)} for b in range(1, 10)]
     return [{"id": f"tiny-arith-{i:02d}", **r} for i, r in enumerate(rows)]
+
+
+def tiny_arith_test() -> list[dict]:
+    """45 held-out questions for the tiny preset: every "a-b" with b <= a <= 8 (tiny-arith has only 9-b)."""
+    rows = [{"question": f"{a}-{b}", "answer": str(a - b)} for a in range(9) for b in range(a + 1)]
+    return [{"id": f"tiny-arith-test-{i:02d}", **r} for i, r in enumerate(rows)]
 
 
 def arith_easy(seed: int = 0, counts: dict[str, int] = ARITH_COUNTS) -> tuple[list[dict], list[dict]]:
@@ -147,6 +154,7 @@ def main() -> None:
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     _write("tiny-arith", tiny_arith())
+    _write("tiny-arith-test", tiny_arith_test())
     train, test = arith_easy()
     _write("arith-easy", train)
     _write("arith-easy-test", test)

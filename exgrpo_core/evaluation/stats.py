@@ -130,17 +130,31 @@ def holm(ps: Mapping) -> dict:
     return out
 
 
+def no_statistic_cause(diffs: Sequence[float]) -> str | None:
+    """Why no t-interval or t-test can be computed from these paired differences; None when one can.
+    Below two values there is no spread to estimate; with zero variance (every seed differs by the same
+    amount) the t statistic divides by zero. Example: [0.1, 0.1] -> "zero variance: ...differs by +0.100"."""
+    xs = _finite(diffs)
+    if len(xs) < 2:
+        return f"{len(xs)} paired seed{'' if len(xs) == 1 else 's'} with a value: a statistic needs 2"
+    if _constant(xs):
+        return f"zero variance: every paired seed differs by {xs[0]:+.3f}"
+    return None
+
+
 def summarise_differences(diffs: Sequence[float], level: float = 0.95, seed: int = 0) -> dict:
     """n, mean, sd, the t-interval and its half-width, the bootstrap interval (`boot_few`: fewer than
     MIN_BOOTSTRAP_SEEDS seeds), the paired t-test's p and the sign-flip p, seeds ahead / behind, and the
     uncorrected verdict: `ahead` / `behind` when the t-interval excludes 0, `null` when it holds 0 (then
-    `bound`: |difference| < bound at `level`, the larger end of the interval), `too few seeds` below 2."""
+    `bound`: |difference| < bound at `level`, the larger end of the interval), `no statistic` when
+    `no_statistic_cause` names a `cause` (fewer than 2 values, zero variance: intervals and p (t) NaN)."""
     xs = _finite(diffs)
-    t_lo, t_hi = t_interval(xs, level)
-    b_lo, b_hi = bootstrap_interval(xs, level, seed=seed)
+    cause = no_statistic_cause(xs)
+    t_lo, t_hi = (NAN, NAN) if cause else t_interval(xs, level)
+    b_lo, b_hi = (NAN, NAN) if cause else bootstrap_interval(xs, level, seed=seed)
     p_flip, exact = sign_flip_p(xs, seed)
-    if len(xs) < 2:
-        verdict = "too few seeds"
+    if cause:
+        verdict = "no statistic"
     elif t_lo > 0:
         verdict = "ahead"
     elif t_hi < 0:
@@ -149,9 +163,9 @@ def summarise_differences(diffs: Sequence[float], level: float = 0.95, seed: int
         verdict = "null"
     return {"n": len(xs), "mean": mean(xs), "sd": sd(xs), "t_lo": t_lo, "t_hi": t_hi,
             "half_width": (t_hi - t_lo) / 2, "bound": max(abs(t_lo), abs(t_hi)), "boot_lo": b_lo, "boot_hi": b_hi,
-            "boot_few": len(xs) < MIN_BOOTSTRAP_SEEDS, "p": t_test_p(xs), "p_signflip": p_flip,
+            "boot_few": len(xs) < MIN_BOOTSTRAP_SEEDS, "p": NAN if cause else t_test_p(xs), "p_signflip": p_flip,
             "signflip_exact": exact, "ahead": sum(x > 0 for x in xs), "behind": sum(x < 0 for x in xs),
-            "level": level, "verdict": verdict}
+            "level": level, "verdict": verdict, "cause": cause}
 
 
 def censored_pair_scores(pairs: Mapping[int, tuple[float, float, float, float]]) -> dict[int, int]:

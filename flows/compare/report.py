@@ -207,15 +207,54 @@ COLUMNS = [("arm", "arm"), ("seed", "seed"), ("final_reward", "final reward"), (
 
 def table_rows(rows: list[dict], row_label: str = "arm",
                skip: tuple[str, ...] = ()) -> tuple[list[str], list[list[str]]]:
-    """Header and formatted cells: COLUMNS (less `skip`) with one held-out column per benchmark before the
-    average, and a `status` column after the seed when rows carry one (parallel children)."""
+    """Header and formatted cells of the full table (the CSV): COLUMNS (less `skip`) with one held-out column
+    per benchmark before the average, and a `status` column after the seed when rows carry one (parallel
+    children)."""
+    cols = _columns(rows, row_label, skip)
+    return [h for _, h in cols], [[_cell(r, k) for k, _ in cols] for r in rows]
+
+
+MAX_COLUMNS = 10  # a Markdown table wider than this wraps on a laptop screen: the report splits it
+MAIN_KEYS = ("arm", "seed", "status", "final_reward", "heldout_avg", "heldout_start", "heldout_auc",
+             "responses_generated", "responses_to_target", "slots_ok")
+DETAIL_TABLES = (("Rollout budget", ("responses_per_step_min", "responses_per_step_max", "replayed", "unfilled",
+                                     "slots_per_step", "slots_ok")),
+                 ("Training reward and buffer", ("mean_reward", "final_fresh_pass1", "buffer_questions",
+                                                 "buffer_trajectories", "retired", "paper_id_avg")))
+"""The Markdown report's tables: MAIN_KEYS first, then per-benchmark held-out (two or more benchmarks,
+MAX_COLUMNS - 2 a table) and these details, each led by the arm and seed columns; the CSV keeps every column."""
+
+
+def markdown_tables(rows: list[dict], row_label: str = "arm", skip: tuple[str, ...] = ()) -> list[str]:
+    """The table as Markdown tables of at most MAX_COLUMNS columns: the main one, then the details."""
+    cols = dict(_columns(rows, row_label, skip))
+    lead = [k for k in ("arm", "seed") if k in cols]
+    benches = [k for k in cols if k.startswith("heldout:")]
+    width = MAX_COLUMNS - len(lead)
+    parts = [("", [k for k in MAIN_KEYS if k in cols])]
+    if len(benches) > 1:
+        parts += [(f"Held-out pass@1 per benchmark ({i // width + 1})" if len(benches) > width
+                   else "Held-out pass@1 per benchmark", lead + benches[i:i + width])
+                  for i in range(0, len(benches), width)]
+    parts += [(title, lead + [k for k in keys if k in cols]) for title, keys in DETAIL_TABLES]
+    out = []
+    for title, keys in parts:
+        if len(keys) <= len(lead):
+            continue
+        out += [*(["", f"### {title}"] if title else []), "", "| " + " | ".join(cols[k] for k in keys) + " |",
+                "|" + "---|" * len(keys), *("| " + " | ".join(_cell(r, k) for k in keys) + " |" for r in rows)]
+    return out[1:] if out and out[0] == "" else out
+
+
+def _columns(rows: list[dict], row_label: str, skip: tuple[str, ...]) -> list[tuple[str, str]]:
     benches = sorted({b for r in rows for b in r["heldout"]})
     cols = [("arm", row_label), *COLUMNS[1:2], *([("status", "status")] if any("status" in r for r in rows) else []),
             *COLUMNS[2:5], *[(f"heldout:{b}", f"{b} pass@1") for b in benches], *COLUMNS[5:]]
-    cols = [c for c in cols if c[0] not in skip]
-    cells = [[_fmt(r["heldout"].get(k[8:], math.nan) if k.startswith("heldout:") else r.get(k), k) for k, _ in cols]
-             for r in rows]
-    return [h for _, h in cols], cells
+    return [c for c in cols if c[0] not in skip]
+
+
+def _cell(r: dict, key: str) -> str:
+    return _fmt(r["heldout"].get(key[8:], math.nan) if key.startswith("heldout:") else r.get(key), key)
 
 
 def write_report(results: list[dict], out_dir: Path, name: str, meta: dict,
@@ -232,11 +271,13 @@ def write_report(results: list[dict], out_dir: Path, name: str, meta: dict,
     all_rows = rows + (mean_rows(done) if len({r["seed"] for r in done}) > 1 else [])
     header, cells = table_rows(all_rows, meta.get("row_label", "arm"), tuple(meta.get("skip_columns", ())))
     stem = out_dir / f"{prefix}_{name}"
+    skip = tuple(meta.get("skip_columns", ()))
     md = [f"# {meta.get('title', 'Comparison')} `{name}`", "", *meta.get("notes", []), "",
-          "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    md += ["| " + " | ".join(c) + " |" for c in cells]
+          *markdown_tables(all_rows, meta.get("row_label", "arm"), skip)]
     collapsed = compare_stats.collapses(rows)
     md += compare_stats.markdown(paired, buckets, collapsed)
+    if not paired and done and prefix == "compare":
+        md += ["", compare_stats.unpaired_line(done)]
     md += staleness_markdown(all_rows)
     paths = {"md": f"{stem}.md", "csv": f"{stem}.csv", "json": f"{stem}.json"}
     Path(paths["md"]).write_text("\n".join(md) + "\n")
@@ -270,10 +311,15 @@ def plot(results: list[dict], out_dir: Path, name: str, prefix: str = "compare")
         fig, ax = plt.subplots(figsize=(7, 4))
         for r in results:  # colour = arm, line style = seed
             c, arm, seed = r["curves"], r["row"]["arm"], r["row"]["seed"]
-            ax.plot(c.get(x, []), c.get(y, []), label=f"{arm} s{seed}", linewidth=1.2,
+            xs = [M.step_number(s) for s in c.get(x, [])] if x == "step" else c.get(x, [])  # curves keep indices
+            ax.plot(xs, c.get(y, []), label=f"{arm} s{seed}", linewidth=1.2,
                     color=plt.cm.tab10(arms.index(arm) % 10), linestyle=("-", "--", ":", "-.")[seeds.index(seed) % 4],
                     marker="o" if kind == "heldout" else None, markersize=3)
         ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{name}: {ylabel}")
+        if not any(len(r["curves"].get(y, [])) for r in results):  # say why the plot is empty
+            ax.text(0.5, 0.5, f"no {ylabel} recorded" + (" (no held-out evaluation: eval.suites / eval.final)"
+                                                          if kind == "heldout" else ""),
+                    ha="center", va="center", transform=ax.transAxes, fontsize=9)
         ax.legend(fontsize=7, ncol=2)
         ax.grid(alpha=0.3)
         paths[f"png_{kind}"] = str(out_dir / f"{prefix}_{name}_{kind}.png")

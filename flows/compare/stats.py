@@ -53,6 +53,10 @@ def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> d
             b = {s: per[baseline][s].get(key, math.nan) for s in paired}
             diffs = stats.paired_differences(a, b)
             summary = stats.summarise_differences(list(diffs.values()), seed=seed)
+            why = missing_cause(key, {arm: [by_seed[s] for s in paired], baseline: [per[baseline][s] for s in paired]})
+            why = why or _seed_cause(arm, sorted(by_seed), sorted(per[baseline]), baseline)
+            if why or summary["cause"]:
+                summary = {**summary, "verdict": "no statistic", "cause": why or _value_cause(summary, len(paired))}
             extra = {}
             if key == "responses_to_target":
                 scores = stats.censored_pair_scores({s: (a[s], by_seed[s].get("responses_generated", math.nan), b[s],
@@ -62,9 +66,10 @@ def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> d
                                      "only_arm": sum(not math.isnan(a[s]) and math.isnan(b[s]) for s in paired),
                                      "only_baseline": sum(math.isnan(a[s]) and not math.isnan(b[s]) for s in paired),
                                      "neither": sum(math.isnan(a[s]) and math.isnan(b[s]) for s in paired)}
-                summary = {**summary, "p": extra["censored"]["p"], "p_signflip": math.nan,
+                summary = {**summary, "p": math.nan if why else extra["censored"]["p"], "p_signflip": math.nan,
                            "ahead": extra["censored"]["earlier"], "behind": extra["censored"]["later"],
-                           "verdict": _censored_verdict(summary, extra["censored"])}
+                           "verdict": "no statistic" if why else _censored_verdict(summary, extra["censored"]),
+                           "cause": why}  # the censored test needs no two seeds where both reached the target
             elif key in LOWER_IS_BETTER:
                 summary = _lower_is_better(summary)
             out[arm][key] = {**summary, **extra,
@@ -74,19 +79,69 @@ def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> d
                              "arm_reached": sum(not math.isnan(v) for v in a.values()),
                              "paired_seeds": len(paired)}
     adjusted = stats.holm({(arm, key): out[arm][key]["p"] for arm in out for key in HOLM_METRICS})
+    family = sum(not math.isnan(p) for p in adjusted.values())  # a statistic with no p is not tested
     for (arm, key), p in adjusted.items():
         out[arm][key]["p_holm"] = p
-        out[arm][key]["holm_family"] = len(adjusted)
+        out[arm][key]["holm_family"] = family
     for metrics in out.values():
         for s in metrics.values():
             s["final_verdict"] = final_verdict(s)
     return out
 
 
+def missing_cause(key: str, sides: dict[str, list[dict]]) -> str | None:
+    """Why metric `key` has no value on any paired seed of an arm, read from the rows ({arm: rows}):
+    no held-out evaluation, no step-0 evaluation (gain), a single evaluation per run (area); None when
+    every side has a value on some seed (or the rows do not tell)."""
+    def empty(rows, k):
+        return not any(_finite(r.get(k)) for r in rows)
+
+    lacking = [name for name, rows in sides.items() if rows and empty(rows, key)]
+    if not lacking:
+        return None
+    who = " and ".join(lacking)
+    if all(empty(sides[n], "heldout_avg") for n in lacking):
+        return f"no held-out evaluation in {who} (eval.suites and data.eval_path empty, or --no-eval)"
+    if key == "heldout_gain" and all(empty(sides[n], "heldout_start") for n in lacking):
+        return f"no step-0 evaluation in {who} (eval.at_start off)"
+    if key == "heldout_auc":
+        return f"one held-out evaluation per run in {who}: the area needs two (eval.at_start or eval.every)"
+    return None
+
+
+def _seed_cause(arm: str, arm_seeds: list, base_seeds: list, baseline: str) -> str | None:
+    """Fewer than two seeds finished in both the arm and the baseline: which seeds each has."""
+    paired = [s for s in arm_seeds if s in base_seeds]
+    if len(paired) >= 2:
+        return None
+    return (f"{len(paired)} paired seed{'' if len(paired) == 1 else 's'} (seeds {arm}: {arm_seeds}, {baseline}: "
+            f"{base_seeds}): a statistic needs 2")
+
+
+def _value_cause(summary: dict, paired: int) -> str:
+    """The summary's own cause, naming how many of the paired seeds had a value in both arms."""
+    if summary["n"] < 2 and summary["n"] < paired:
+        return (f"{summary['n']} of {paired} paired seeds with a value in both arms (a run without the metric): "
+                "a statistic needs 2")
+    return summary["cause"]
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+
+
+def unpaired_line(rows: list[dict], baseline: str = BASELINE) -> str:
+    """The sentence a report shows instead of the paired statistics when there is nothing to pair."""
+    arms = list(dict.fromkeys(r["arm"] for r in rows if r.get("seed") != "mean"))
+    if baseline not in arms:
+        return f"No paired statistics: no finished {baseline} run to pair the arms with (arms: {', '.join(arms)})."
+    return f"No paired statistics: {baseline} is the only arm."
+
+
 def _censored_verdict(summary: dict, censored: dict) -> str:
     """ahead (arm reached the target first in more pairs) / behind on the censored test's p < 0.05, else null."""
     if not censored["earlier"] + censored["later"]:
-        return "null" if censored["undetermined"] else "too few seeds"
+        return "null"
     if censored["p"] < 0.05:
         return "ahead" if censored["earlier"] > censored["later"] else "behind"
     return "null"
@@ -95,8 +150,11 @@ def _censored_verdict(summary: dict, censored: dict) -> str:
 def final_verdict(s: dict, p_holm_key: str = "p_holm") -> str:
     """The verdict the table shows. `ahead` / `behind` only on a Holm-corrected p below 0.05; a difference
     significant before correction, or outside the corrected family, is `hint: ...` with its uncorrected p;
-    a null says how large a difference the interval still allows: `null: |diff| < bound at 95%`."""
+    a null says how large a difference the interval still allows: `null: |diff| < bound at 95%`; a
+    statistic that cannot be computed says why: `no statistic: <cause>`."""
     v, p_holm = s["verdict"], s.get(p_holm_key, math.nan)
+    if s.get("cause"):
+        return f"no statistic: {s['cause']}"
     if v in ("ahead", "behind"):
         if p_holm is not None and not math.isnan(p_holm) and p_holm < 0.05:
             return v
@@ -179,13 +237,15 @@ def markdown(paired: dict, buckets: dict, collapsed: dict | None = None) -> list
     """The statistics section of the comparison's Markdown."""
     lines = _collapse_lines(collapsed) if collapsed and any(c["collapsed"] for c in collapsed.values()) else []
     lines += [] if not paired else ["", "## Paired against on_policy", "", *paired_legend(_family(paired)), "",
-             "| arm | metric | seeds | arm mean | on_policy mean | mean diff | 95% t-interval | 95% bootstrap | "
-             "p (t) | p sign-flip | p Holm | seeds ahead / behind | verdict |",
-             "|---|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|---|"]
-    for arm, metrics in paired.items():
-        for key, s in metrics.items():
-            lines.append(f"| {arm} | {PAIRED_METRICS[key][0]} | {summary_cells(s, key)} |")
+             "| " + " | ".join(PAIRED_MAIN) + " |", "|---|---|---:|---:|---|---:|---|"]
+    rows = [(arm, key, dict(zip(PAIRED_HEADER, _summary_list(s, key)))) for arm, metrics in paired.items()
+            for key, s in metrics.items()]
+    lines += [f"| {arm} | {PAIRED_METRICS[key][0]} | " + " | ".join(c[h] for h in PAIRED_MAIN[2:]) + " |"
+              for arm, key, c in rows]
     if paired:
+        lines += ["", "### Paired details", "", "| " + " | ".join(PAIRED_DETAIL) + " |", "|---|---|---:|---:|---|---:|---:|---|"]
+        lines += [f"| {arm} | {PAIRED_METRICS[key][0]} | " + " | ".join(c[h] for h in PAIRED_DETAIL[2:]) + " |"
+                  for arm, key, c in rows]
         lines += ["", "`seeds` = seeds in the statistic / paired seeds. Responses-to-target: the means, difference and "
                   "t-interval are over the seeds where both arms reached on-policy's final mean (a lower number is "
                   "better); a seed where only one arm reached it is censored, not dropped: `p (t)` there is the paired "
@@ -223,21 +283,34 @@ def paired_legend(family: int, scope: str = "this table") -> list[str]:
             "verdict uses the corrected p: `ahead` / `behind` only at p Holm < 0.05; a difference whose interval "
             "excludes 0 before correction only, or a metric outside the corrected family, is a `hint` with its "
             "uncorrected p; `null: |diff| < b at 95%` means the data do not tell the arms apart and the interval "
-            "still allows a difference up to b either way."]
+            "still allows a difference up to b either way; `no statistic: ...` names why a row has no interval or test "
+            "(no held-out or step-0 evaluation, fewer than 2 paired seeds with a value, zero variance)."]
+
+
+PAIRED_HEADER = ("seeds", "arm mean", "on_policy mean", "mean diff", "95% t-interval", "95% bootstrap", "p (t)",
+                 "p sign-flip", "p Holm", "seeds ahead / behind", "verdict")
+"""summary_cells' columns; the report shows them as two tables of at most 8 columns: main, then details."""
+PAIRED_MAIN = ("arm", "metric", "seeds", "mean diff", "95% t-interval", "p Holm", "verdict")
+PAIRED_DETAIL = ("arm", "metric", "arm mean", "on_policy mean", "95% bootstrap", "p (t)", "p sign-flip",
+                 "seeds ahead / behind")
 
 
 def summary_cells(s: dict, key: str = "", verdict_key: str = "final_verdict", p_holm_key: str = "p_holm") -> str:
-    """One paired table row's cells from `seeds` to `verdict`, joined by ' | '."""
+    """One paired table row's cells from `seeds` to `verdict` (PAIRED_HEADER), joined by ' | '."""
+    return " | ".join(_summary_list(s, key, verdict_key, p_holm_key))
+
+
+def _summary_list(s: dict, key: str = "", verdict_key: str = "final_verdict", p_holm_key: str = "p_holm") -> list[str]:
     digits = 0 if key == "responses_to_target" else 3
     boot = f"{_f(s['boot_lo'], digits, True)} .. {_f(s['boot_hi'], digits, True)}"
-    if s.get("boot_few") and s["n"] >= 2:
+    if s.get("boot_few") and s["n"] >= 2 and not s.get("cause"):
         boot += f" (n < {stats.MIN_BOOTSTRAP_SEEDS})"
     flip = _p(s.get("p_signflip"))
     flip = flip if s.get("signflip_exact", True) or flip == "—" else f"~{flip}"
     verdict = s.get(verdict_key, s["verdict"]).replace("|", "\\|")
-    return " | ".join([f"{s['n']}/{s['paired_seeds']}", _f(s["arm_mean"], digits), _f(s["baseline_mean"], digits),
-                       _f(s["mean"], digits, True), f"{_f(s['t_lo'], digits, True)} .. {_f(s['t_hi'], digits, True)}",
-                       boot, _p(s.get("p")), flip, _p(s.get(p_holm_key)), f"{s['ahead']} / {s['behind']}", verdict])
+    return [f"{s['n']}/{s['paired_seeds']}", _f(s["arm_mean"], digits), _f(s["baseline_mean"], digits),
+            _f(s["mean"], digits, True), f"{_f(s['t_lo'], digits, True)} .. {_f(s['t_hi'], digits, True)}",
+            boot, _p(s.get("p")), flip, _p(s.get(p_holm_key)), f"{s['ahead']} / {s['behind']}", verdict]
 
 
 def _censored_counts(paired: dict) -> str:

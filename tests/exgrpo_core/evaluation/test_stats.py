@@ -101,7 +101,18 @@ def test_summary_verdicts():
     noise = stats.summarise_differences([0.1, -0.1, 0.05, -0.04])
     assert noise["verdict"] == "null" and noise["t_lo"] < 0 < noise["t_hi"]
     assert noise["ahead"] == 2 and noise["behind"] == 2 and noise["mean"] == pytest.approx(0.0025)
-    assert stats.summarise_differences([0.3])["verdict"] == "too few seeds"
+    one = stats.summarise_differences([0.3])
+    assert one["verdict"] == "no statistic" and one["cause"] == "1 paired seed with a value: a statistic needs 2"
+    assert stats.summarise_differences([0.1, 0.12])["cause"] is None
+
+
+def test_zero_variance_is_named_and_has_no_t_test():
+    """Every seed differing by the same amount: no spread, so no t-interval or t p (not p = 0 or 1)."""
+    for xs, shown in (([0.05, 0.05, 0.05], "+0.050"), ([0.0, 0.0], "+0.000")):
+        s = stats.summarise_differences(xs)
+        assert s["verdict"] == "no statistic" and s["cause"] == f"zero variance: every paired seed differs by {shown}"
+        assert math.isnan(s["p"]) and math.isnan(s["t_lo"]) and math.isnan(s["boot_lo"])
+    assert stats.summarise_differences([0.05, 0.05, 0.05])["p_signflip"] == pytest.approx(0.25)  # 2 of 8 patterns
 
 
 def test_area_under_curve_is_the_mean_height():
