@@ -68,7 +68,7 @@ class TransformersEngine:
         self.decoder = "auto"  # "eager" (or "own"): `decode.decode`, finished rows dropped; "static":
         # `static_decode` on a bf16 inference copy at fixed shapes; "generate": transformers' loop; "auto":
         # static on CUDA without logits processors, else eager (`rollout.decoder`)
-        self.inference = InferenceCopy()  # (static) the copy, refreshed at every `generate` call
+        self.inference = InferenceCopy()  # (static) the copy, refreshed at a `generate` call after the weights changed
         self.static = StaticDecoder()  # (static) caches and compiled steps per batch shape
         self.inference_dtype = None  # the dtype the last `generate` sampled in when not the model's (static)
         self.drop_finished = True  # (own) finished rows leave the batch
@@ -104,7 +104,7 @@ class TransformersEngine:
         device = fsdp.compute_device(self.model)
         path = self.sampling_path(device)
         self.inference_dtype = self.inference.dtype if path == "static" else None
-        copy = self.inference.refresh(self.model, device) if path == "static" else None  # after each optimiser step
+        copy = self.inference.refresh(self.model, device) if path == "static" else None  # copies after a step only
         was_training = self.model.training
         self.model.eval()
         try:

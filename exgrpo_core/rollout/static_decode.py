@@ -1,8 +1,9 @@
 """The GPU sampling path: a low-precision inference copy of the policy and fixed-shape decode steps.
 
 - **Inference copy** (`InferenceCopy`): a second module of the policy's class in bf16 (by default),
-  its weights copied from the trainer's masters at every `generate` call, i.e. after each optimiser
-  step (sharded FSDP2 parameters are gathered once there). Decoding never touches the float32 masters,
+  its weights copied from the trainer's masters at a `generate` call when they may have changed since
+  the last copy (`weights_version`: an optimiser step, a loaded checkpoint), so evaluation calls
+  between two steps copy nothing (sharded FSDP2 parameters are gathered once there). Decoding never touches the float32 masters,
   Accelerate's autocast wrapper or an FSDP2 module, whose layers would be re-gathered every step.
 - **Fixed shapes** (`static_decode`): a transformers `StaticCache` sized for the batch (rows padded to a
   bucket, length rounded up), the decoder's own 4-D mask buffer, and every step the same tensors in and
@@ -26,6 +27,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.cache_utils import StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -68,19 +70,54 @@ def _plain_class(module) -> type:
     return next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule))
 
 
+OPTIMISER_STEPS = [0]
+"""Optimiser steps taken in this process (any optimiser), counted by a global step hook."""
+
+
+def _count_step(*_args) -> None:
+    OPTIMISER_STEPS[0] += 1
+
+
+register_optimizer_step_post_hook(_count_step)
+
+
+def weights_version(master) -> tuple:
+    """A value that changes when the masters may have: the optimiser steps taken (the fused AdamW step
+    writes parameters without bumping their tensor versions) and, per parameter, its version (bumped
+    by `load_state_dict` and other in-place writes) and address (moved by `p.data = ...`). Read on the
+    host, no device sync."""
+    return OPTIMISER_STEPS[0], tuple((p._version, getattr(p, "_local_tensor", p).data_ptr())  # (DTensor: its shard)
+                                     for p in master.parameters())
+
+
+def _changed_anywhere(changed: bool, master) -> bool:
+    """`changed` on any process when the masters are FSDP2-sharded (gathering is a collective: every
+    process must refresh, or none), else `changed`."""
+    if not any(hasattr(p, "full_tensor") for p in master.parameters()):
+        return changed
+    from exgrpo_core.training.distributed import all_reduce_max
+
+    return all_reduce_max(float(changed)) > 0
+
+
 class InferenceCopy:
-    """The policy's weights in `dtype` in a module of its own class, refreshed from the masters."""
+    """The policy's weights in `dtype` in a module of its own class, refreshed from the masters when
+    they changed since the last refresh."""
 
     def __init__(self, dtype: torch.dtype = torch.bfloat16):
         self.dtype = dtype
         self.module = None
-        self.refreshes = 0
+        self.refreshes = 0  # weight copies made
+        self.version = None  # the masters' `weights_version` at the last copy
 
     @torch.no_grad()
-    def refresh(self, master, device: torch.device):
+    def refresh(self, master, device: torch.device, force: bool = False):
         """The copy (built on first use) with every parameter set to the masters' cast to `dtype`; buffers
-        (rotary frequencies) are copied as they are."""
+        (rotary frequencies) are copied as they are. Nothing is copied when the masters are as they were
+        at the last refresh (`weights_version`), unless `force`."""
+        version = weights_version(master)
         if self.module is None or next(self.module.parameters()).device != device:
+            self.version = None
             config = copy.deepcopy(master.config)
             config._attn_implementation = ATTENTION
             with torch.device("meta"):
@@ -94,6 +131,8 @@ class InferenceCopy:
                 module.get_submodule(owner)._buffers[leaf] = buf.detach().to(device, copy=True)
             module.eval().requires_grad_(False)
             self.module = module
+        if not _changed_anywhere(force or version != self.version, master):
+            return self.module
         mine = dict(self.module.named_parameters())
         theirs = dict(master.named_parameters())
         if mine.keys() != theirs.keys():
@@ -101,6 +140,7 @@ class InferenceCopy:
         for name, p in theirs.items():
             mine[name].copy_(_full(p.detach()))
         self.refreshes += 1
+        self.version = version
         return self.module
 
 

@@ -8,19 +8,11 @@ Run on a GPU machine: python -m pytest tests/exgrpo_core/rollout/test_decode_cud
 import pytest
 import torch
 
-from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
 from exgrpo_core.rollout.decode import decode, prefix_prefill
-from exgrpo_core.rollout.engine import TransformersEngine, left_padded
+from exgrpo_core.rollout.engine import left_padded
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-TEXTS = ("1+2=", "31+4=", "7*8=", "100-1=", "5+5=", "12*3=")
-
-
-@pytest.fixture(scope="module")
-def engine():
-    tok = build_tiny_tokenizer()
-    model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
-    return TransformersEngine(model, tok, batch_size=64)
+TEXTS = ("1+2=", "31+4=", "7*8=", "100-1=", "5+5=", "12*3=")  # (the `engine` fixture: conftest.py's default)
 
 
 def _decode_on(engine, device, uniforms, temperature=1.0, max_new_tokens=12, **kw):
@@ -68,10 +60,9 @@ def test_on_cuda_dropping_rows_the_in_place_cache_and_the_shared_prefix_change_n
     assert torch.allclose(with_prefix.logprobs, without.logprobs, atol=1e-4)
 
 
-def test_a_bf16_model_decodes_on_cuda_through_the_engine(engine):
-    tok = engine.tokenizer
-    model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
-    bf16 = TransformersEngine(model.to("cuda", torch.bfloat16), tok, batch_size=8)
+def test_a_bf16_model_decodes_on_cuda_through_the_engine(make_engine):
+    bf16 = make_engine(device="cuda", dtype=torch.bfloat16, batch_size=8)
+    tok = bf16.tokenizer
     bf16.decoder = "eager"  # (auto picks the static decoder on CUDA: test_static_decode_cuda.py)
     torch.manual_seed(2)
     out = bf16.generate([tok(t)["input_ids"] for t in TEXTS], 4, temperature=1.0, max_new_tokens=10)

@@ -5,17 +5,9 @@ the plain decoder leaves it."""
 import pytest
 import torch
 
-from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
-from exgrpo_core.rollout.engine import TransformersEngine, stream_parts
+from exgrpo_core.rollout.engine import stream_parts
 
-
-@pytest.fixture(scope="module")
-def engine():
-    tok = build_tiny_tokenizer()
-    model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
-    return TransformersEngine(model, tok, batch_size=64)
-
-
+# the `engine` fixture: conftest.py's default
 PROMPTS = ("1+2=", "31+4=", "7*8=", "100-1=", "5+5=", "12*3=", "9-4=")
 
 

@@ -6,24 +6,11 @@ an inference copy that equals the bf16 cast of the masters after each optimiser 
 import pytest
 import torch
 
-from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
-from exgrpo_core.rollout.engine import TransformersEngine
 from exgrpo_core.observe.host_syncs import HostSyncCounter
 from exgrpo_core.rollout.static_decode import InferenceCopy
 
 TEXTS = ("1+2=", "31+4=", "7*8=", "100-1=", "5+5=")
-
-
-def _engine(seed=0, **overrides):
-    tok = build_tiny_tokenizer()
-    model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=seed,
-                             config_overrides={"num_key_value_heads": 2, **overrides})  # grouped-query, as Qwen2.5
-    return TransformersEngine(model, tok, batch_size=64)
-
-
-@pytest.fixture(scope="module")
-def engine():
-    return _engine()
+ENGINE = {"kv_heads": 2}  # the `engine` fixture (conftest.py): grouped-query, as Qwen2.5
 
 
 def _run(engine, decoder, seed, dtype=torch.float32, temperature=1.0, top_p=1.0, n=4, max_new_tokens=12):
@@ -115,8 +102,8 @@ def test_no_host_sync_between_end_checks(engine):
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_inference_copy_is_the_bf16_cast_of_the_masters_after_each_step(tied):
-    engine = _engine(seed=1, tie_word_embeddings=tied)
+def test_inference_copy_is_the_bf16_cast_of_the_masters_after_each_step(make_engine, tied):
+    engine = make_engine(1, kv_heads=2, tie_word_embeddings=tied)
     assert (engine.model.lm_head.weight is engine.model.get_input_embeddings().weight) == tied
     engine.decoder = "static"
     prompts = [engine.tokenizer(t)["input_ids"] for t in TEXTS[:2]]
@@ -139,6 +126,44 @@ def test_inference_copy_is_the_bf16_cast_of_the_masters_after_each_step(tied):
     assert engine.inference.refreshes == 2 and engine.inference_dtype == torch.bfloat16
     copy = engine.inference.module
     assert (copy.lm_head.weight is copy.get_input_embeddings().weight) == tied
+
+
+def test_the_copy_is_refreshed_only_when_the_weights_changed(make_engine):
+    """Two `generate` calls with no optimiser step between them (an evaluation after a rollout) copy the
+    weights once; a step (here fused AdamW, which writes without bumping tensor versions) or a loaded
+    state makes the next call copy them again. Samples are those of a copy made for the call."""
+    engine, ref = make_engine(3, kv_heads=2), make_engine(3, kv_heads=2)
+    engine.decoder = ref.decoder = "static"
+    prompts = [engine.tokenizer(t)["input_ids"] for t in TEXTS[:3]]
+    start = {k: v.clone() for k, v in engine.model.state_dict().items()}
+
+    def sample(e, seed, fresh=False):
+        if fresh:  # a copy made for this call: what every call did before
+            e.model.load_state_dict(engine.model.state_dict())
+            e.inference = InferenceCopy()
+        torch.manual_seed(seed)
+        out = e.generate(prompts, 2, temperature=1.0, max_new_tokens=6)
+        return [(g.response_ids, g.logprobs) for grp in out for g in grp]
+
+    first, second = sample(engine, 0), sample(engine, 1)
+    assert engine.inference.refreshes == 1
+    assert first == sample(ref, 0, fresh=True) and second == sample(ref, 1, fresh=True)
+    opt = torch.optim.AdamW(engine.model.parameters(), lr=1e-2, fused=True)
+    ids = torch.tensor([prompts[0]])
+    engine.model(input_ids=ids, labels=ids).loss.backward()
+    before = [p._version for p in engine.model.parameters()]
+    opt.step()
+    opt.zero_grad()
+    assert [p._version for p in engine.model.parameters()] == before  # the fused step leaves versions alone
+    third = sample(engine, 1)
+    assert engine.inference.refreshes == 2 and third != second
+    assert third == sample(ref, 1, fresh=True)
+    sample(engine, 2)
+    assert engine.inference.refreshes == 2
+    engine.model.load_state_dict(start)  # e.g. a checkpoint loaded: the first weights again
+    assert sample(engine, 0) == first and engine.inference.refreshes == 3
+    for mine, master in zip(engine.inference.module.parameters(), engine.model.parameters()):
+        assert torch.equal(mine, master.detach().to(torch.bfloat16))
 
 
 def test_a_shorter_call_reuses_the_longer_cache_and_samples_alike(engine):
@@ -172,14 +197,14 @@ def test_sampling_path_choice(engine):
         engine.decoder = "auto"
 
 
-def test_the_copy_of_an_fsdp2_sharded_policy_is_gathered_once_and_samples_like_the_plain_one():
+def test_the_copy_of_an_fsdp2_sharded_policy_is_gathered_once_and_samples_like_the_plain_one(make_engine):
     """One gloo process: the copy is built as the model's own class (not FSDP2's subclass), its weights
     are the gathered masters, and its samples are the unsharded policy's."""
     import torch.distributed as dist
 
     from exgrpo_core.training.fsdp import shard_model
 
-    plain, sharded = _engine(seed=2), _engine(seed=2)
+    plain, sharded = make_engine(2, kv_heads=2), make_engine(2, kv_heads=2)
     for e in (plain, sharded):
         e.decoder, e.inference = "static", InferenceCopy(torch.float32)
     prompts = [plain.tokenizer(t)["input_ids"] for t in TEXTS[:3]]
@@ -191,6 +216,8 @@ def test_the_copy_of_an_fsdp2_sharded_policy_is_gathered_once_and_samples_like_t
         assert type(sharded.model).__name__.startswith("FSDP")
         torch.manual_seed(4)
         got = sharded.generate(prompts, 2, temperature=1.0, max_new_tokens=6)
+        sharded.generate(prompts, 1, temperature=1.0, max_new_tokens=2)  # no step since: nothing gathered
+        assert sharded.inference.refreshes == 1
     finally:
         if started and dist.is_initialized():
             dist.destroy_process_group()

@@ -8,20 +8,11 @@ Run on a GPU machine: python -m pytest tests/exgrpo_core/rollout/test_static_dec
 import pytest
 import torch
 
-from exgrpo_core.models.build import build_tiny_model, build_tiny_tokenizer
-from exgrpo_core.rollout.engine import TransformersEngine
 from exgrpo_core.rollout.static_decode import InferenceCopy, StaticDecoder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 TEXTS = ("1+2=", "31+4=", "7*8=", "100-1=", "5+5=", "12*3=")
-
-
-@pytest.fixture(scope="module")
-def engine():
-    tok = build_tiny_tokenizer()
-    model = build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, seed=0,
-                             config_overrides={"num_key_value_heads": 2})
-    return TransformersEngine(model.to("cuda"), tok, batch_size=32)
+ENGINE = {"hidden_size": 64, "kv_heads": 2, "device": "cuda", "batch_size": 32}  # the `engine` fixture (conftest.py)
 
 
 def _run(engine, decoder, seed, temperature=1.0, max_new_tokens=24):
