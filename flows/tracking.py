@@ -41,6 +41,9 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # read by MLflow 3's UI: genai_de
 MODEL_TRAINING = "custom_model_development"
 TRAINING_VIEW = "workflowType=machine_learning"  # MLflow 3.17's UI: the model-training view of a page
 LOCAL_UI = "http://127.0.0.1:5000"  # what `mlflow ui --backend-store-uri <local store>` serves
+# MLflow prints its own run and experiment links (no view parameter: GenAI pages for a fresh browser) when a
+# run on a server ends; `MlflowRun.end` prints the run's link with TRAINING_VIEW instead.
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 STEP_TAG = "exgrpo.step_numbering"  # on runs whose MLflow steps are step numbers (metrics.step_number)
 STEP_NUMBERS = "updates_done"
 
@@ -201,6 +204,8 @@ class MlflowRun:
     def end(self, status: str = "FINISHED") -> None:
         if not self.attached:  # a run recorded into without reopening keeps its own status and end time
             self.mlflow.end_run(status=status)
+            if self.uri.startswith(("http://", "https://")):  # MLflow's own line has no view parameter
+                print(f"MLflow run: {self.run_url}")
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.mlflow.set_tags({k: mask_text(str(v))[:5000] for k, v in tags.items() if v is not None})

@@ -111,7 +111,8 @@ def test_results_lets_the_user_pick_the_metrics(dashboard_env):
 
 
 def test_links_to_mlflow_and_prefect(monkeypatch):
-    assert links.mlflow_run_url("http://127.0.0.1:5000/", "3", "abc") == "http://127.0.0.1:5000/#/experiments/3/runs/abc"
+    assert links.mlflow_run_url("http://127.0.0.1:5000/", "3", "abc") == (
+        "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning")  # model training, not GenAI
     assert links.mlflow_run_url("sqlite:///x/mlflow.db", "3", "abc") is None
     monkeypatch.delenv("PREFECT_UI_URL", raising=False)
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
