@@ -56,17 +56,25 @@ def runs_table(uri: str, mlflow_run_ids: tuple[str, ...]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+STEP_TAG, STEP_NUMBERS = "exgrpo.step_numbering", "updates_done"  # set by flows/tracking.py on new runs
+
+
 def metric_history(uri: str, mlflow_run_ids: tuple[str, ...], keys: tuple[str, ...]) -> pd.DataFrame:
-    """[mlflow_run_id, key, step, value] for each run and key (absent keys give no rows)."""
+    """[mlflow_run_id, key, step, value] for each run and key (absent keys give no rows); steps are step
+    numbers (metrics.step_number), also for a run logged before them (no step tag: 0-based, shown +1)."""
     client, rows = _client(uri), []
     for rid in mlflow_run_ids:
+        try:
+            shift = 0 if client.get_run(rid).data.tags.get(STEP_TAG) == STEP_NUMBERS else 1
+        except Exception:  # noqa: BLE001 - the history read below names the run
+            shift = 0
         for key in keys:
             try:
                 hist = client.get_metric_history(rid, key)
             except Exception as e:  # noqa: BLE001
                 raise DashboardError(f"MLflow metric {key} of run {rid} cannot be read: {str(e).splitlines()[0]}") \
                     from None
-            rows += [(rid, key, m.step, m.value) for m in hist]
+            rows += [(rid, key, m.step + shift, m.value) for m in hist]
     return pd.DataFrame(rows, columns=["mlflow_run_id", "key", "step", "value"])
 
 

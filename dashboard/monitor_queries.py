@@ -1,7 +1,8 @@
 """Queries of the monitor banner and the Staleness page (read-only, SQLAlchemy Core, as `queries`).
 
 Monitor firings are the step metrics `monitor/<name>` (exgrpo_core/observe/monitors.py); replay ages come
-from the replays joined to the trajectories they replayed (age = replay step - sampling step).
+from the replays joined to the trajectories they replayed (age = replay step - sampling step). Steps are
+step numbers, as in `queries` and the monitors' own messages.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 from sqlalchemy import and_, func, select
 
-from dashboard.queries import BY_FIRST_TWO, _frame, reading
+from dashboard.queries import BY_FIRST_TWO, _frame, index_of, numbered, reading
 from exgrpo_core import metrics as M
 from exgrpo_core.observe.monitors import LABELS
 from exgrpo_core.store.tables import Replay, Run, StepMetric, Trajectory
@@ -27,7 +28,8 @@ def monitor_firings(url: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
             .join(SM, and_(SM.run_id == agg.c.run_id, SM.key == agg.c.key, SM.step == agg.c.last))
             .order_by(agg.c.run_id, agg.c.key))
     with reading(url, "monitor firings") as conn:
-        return _frame(conn, stmt, ["run_id", "key", "firings", "first_step", "last_step", "last_value"])
+        out = _frame(conn, stmt, ["run_id", "key", "firings", "first_step", "last_step", "last_value"])
+    return numbered(out, "first_step", "last_step")
 
 
 def run_settings(url: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
@@ -39,12 +41,12 @@ def run_settings(url: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
         return _frame(conn, stmt, ["id", "name", "status", "config_json"])
 
 
-def replay_ages(url: str, run_id: str, first_step: int = 0) -> pd.DataFrame:
-    """[step, age, replayed]: how many trajectories each step from `first_step` on replayed at each age
+def replay_ages(url: str, run_id: str, first_step: int = 1) -> pd.DataFrame:
+    """[step, age, replayed]: how many trajectories each step from step number `first_step` on replayed at each age
     (one trajectory lookup per replay: the page reads a window of recent steps by default)."""
     age = (Replay.step - Trajectory.step).label("age")
     stmt = (select(Replay.step, age, func.count()).join(Trajectory, Trajectory.id == Replay.trajectory_id)
-            .where(Replay.run_id == run_id, Replay.step >= first_step)
+            .where(Replay.run_id == run_id, Replay.step >= index_of(first_step))
             .group_by(*BY_FIRST_TWO).order_by(*BY_FIRST_TWO))
     with reading(url, "replay ages") as conn:
-        return _frame(conn, stmt, ["step", "age", "replayed"])
+        return numbered(_frame(conn, stmt, ["step", "age", "replayed"]), "step")

@@ -5,6 +5,10 @@ Plain functions of a database URL returning pandas frames, so pages can cache th
 millions of trajectories: aggregate in SQL (GROUP BY, COUNT, fixed-width histogram bins), filter on
 the indexed (run_id, step) / (run_id, question_id) prefixes, and page through rows (LIMIT/OFFSET);
 no query returns all of a run's trajectories. All reads go through `dashboard.db.readonly_engine`.
+
+Steps: the database stores 0-based step indices; every frame here carries step numbers instead (the
+updates done, metrics.step_number: MLflow's steps and the checkpoint names), and step arguments are
+step numbers too, so pages never see an index.
 """
 
 from __future__ import annotations
@@ -54,6 +58,18 @@ def _frame(conn: Connection | None, stmt, columns: list[str]) -> pd.DataFrame:
     return pd.DataFrame(conn.execute(stmt).all(), columns=columns)
 
 
+def numbered(df: pd.DataFrame, *columns: str) -> pd.DataFrame:
+    """Stored 0-based step indices -> the step numbers pages show (metrics.step_number); missing stays NaN."""
+    for c in columns:
+        df[c] = M.step_number(pd.to_numeric(df[c]))
+    return df
+
+
+def index_of(step: int) -> int:
+    """The stored 0-based index of step number `step` (a page's step argument)."""
+    return step - M.step_number(0)
+
+
 # ---- runs -------------------------------------------------------------------------------------------
 def list_runs(url: str) -> pd.DataFrame:
     """Every run, newest first, with the key metrics of its last completed step as columns."""
@@ -64,7 +80,7 @@ def list_runs(url: str) -> pd.DataFrame:
         last = _frame(conn, select(StepMetric.run_id, StepMetric.key, StepMetric.value)
                       .join(Run, and_(Run.id == StepMetric.run_id, Run.step == StepMetric.step))
                       .where(StepMetric.key.in_(RUN_KEYS)), ["id", "key", "value"])
-    runs["step"] = runs["step"] + 1  # stored: last completed step index; shown: steps done
+    numbered(runs, "step", "replay_started_step")  # step: the last completed step's number = steps done
     runs["replay_active"] = runs["replay_active"].astype(bool)
     wide = last.pivot(index="id", columns="key", values="value") if len(last) else pd.DataFrame(index=runs["id"])
     for key in RUN_KEYS:
@@ -78,7 +94,7 @@ def metric_series(url: str, run_ids: tuple[str, ...], keys: tuple[str, ...]) -> 
             .where(StepMetric.run_id.in_(run_ids), StepMetric.key.in_(keys))
             .order_by(StepMetric.run_id, StepMetric.key, StepMetric.step))
     with reading(url, "step metrics") as conn:
-        return _frame(conn, stmt, ["run_id", "step", "key", "value"])
+        return numbered(_frame(conn, stmt, ["run_id", "step", "key", "value"]), "step")
 
 
 def metric_keys(url: str, run_ids: tuple[str, ...]) -> list[str]:
@@ -142,13 +158,13 @@ def target_weights(url: str, run_id: str) -> tuple[dict[int, float], str]:
 
 # ---- entropy ----------------------------------------------------------------------------------------
 def step_bounds(url: str, run_id: str) -> tuple[int, int] | None:
-    """(first, last) policy step of the run's stored trajectories, or None when it has none."""
+    """(first, last) step number that sampled the run's stored trajectories, or None when it has none."""
     mine = Trajectory.run_id == run_id  # two subqueries: each is one index probe, a joint min/max scans the run
     stmt = select(select(func.min(Trajectory.step)).where(mine).scalar_subquery(),
                   select(func.max(Trajectory.step)).where(mine).scalar_subquery())
     with reading(url, "trajectory steps") as conn:
         row = conn.execute(stmt).one() if conn is not None else (None, None)
-    return None if row[0] is None else (int(row[0]), int(row[1]))
+    return None if row[0] is None else (M.step_number(int(row[0])), M.step_number(int(row[1])))
 
 
 # GROUP BY output positions: each use of an expression with bound parameters (bin width, labels) is a new
@@ -165,7 +181,7 @@ def _agg(col) -> tuple:
 
 
 def entropy_histogram(url: str, run_id: str, lo: int, hi: int, by: str) -> pd.DataFrame:
-    """Fixed-width (BIN_WIDTH) entropy histogram of trajectories generated at steps lo..hi.
+    """Fixed-width (BIN_WIDTH) entropy histogram of trajectories generated at step numbers lo..hi.
 
     `by`: "correct" (reward > 0 vs not), "bucket" (k of the group the trajectory was verified in),
     "source" (fresh rollouts vs replays, the latter with entropy under the policy at replay time).
@@ -173,6 +189,7 @@ def entropy_histogram(url: str, run_id: str, lo: int, hi: int, by: str) -> pd.Da
     merges bins and derives means, spreads and each group's exact range.
     """
     T, G, R = Trajectory, GroupResultRow, Replay
+    lo, hi = index_of(lo), index_of(hi)
     in_range = and_(T.run_id == run_id, T.step >= lo, T.step <= hi, T.entropy.is_not(None))
     if by == "correct":
         group = case((T.reward > 0, "correct"), else_="incorrect")
@@ -203,7 +220,7 @@ def replay_entropy_by_step(url: str, run_id: str) -> pd.DataFrame:
     stmt = (select(R.step, func.avg(R.entropy), func.count()).where(R.run_id == run_id)
             .group_by(R.step).order_by(R.step))
     with reading(url, "replays") as conn:
-        return _frame(conn, stmt, ["step", "mean_entropy", "replayed"])
+        return numbered(_frame(conn, stmt, ["step", "mean_entropy", "replayed"]), "step")
 
 
 # ---- experience browser -----------------------------------------------------------------------------
@@ -249,7 +266,7 @@ def search_questions(url: str, run_id: str, *, bucket: int | None = None, retire
         out = _frame(conn, page, state_cols + ["text", "answer"])
         n = int(conn.execute(total).scalar_one()) if conn is not None else 0
     out["retired"] = out["retired"].astype(bool)
-    return out, n
+    return numbered(out, "last_step"), n
 
 
 def question_groups(url: str, run_id: str, question_id: int) -> pd.DataFrame:
@@ -260,7 +277,7 @@ def question_groups(url: str, run_id: str, question_id: int) -> pd.DataFrame:
     with reading(url, "group history") as conn:
         out = _frame(conn, stmt, ["step", "k", "n", "is_replay"])
     out["is_replay"] = out["is_replay"].astype(bool)
-    return out
+    return numbered(out, "step")
 
 
 def question_trajectories(url: str, run_id: str, question_id: int, *, correct: bool | None = None,
@@ -285,7 +302,7 @@ def question_trajectories(url: str, run_id: str, question_id: int, *, correct: b
         n = int(conn.execute(select(func.count()).select_from(T).where(*where)).scalar_one()) if conn is not None else 0
     for c in ("truncated", "in_pool", "retired"):
         rows[c] = rows[c].astype(bool)
-    return rows, n
+    return numbered(rows, "step", "collected_step", "last_replayed_step"), n
 
 
 # ---- results ----------------------------------------------------------------------------------------
@@ -294,5 +311,5 @@ def eval_results(url: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
     E = EvalResult
     stmt = (select(E.run_id, E.step, E.benchmark, E.metric, E.value, E.n).where(E.run_id.in_(run_ids))
             .order_by(E.run_id, E.benchmark, E.metric, E.step, E.id))
-    with reading(url, "evaluation results") as conn:
-        return _frame(conn, stmt, ["run_id", "step", "benchmark", "metric", "value", "n"])
+    with reading(url, "evaluation results") as conn:  # the start model's evaluation (index -1) is step 0
+        return numbered(_frame(conn, stmt, ["run_id", "step", "benchmark", "metric", "value", "n"]), "step")

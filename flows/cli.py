@@ -268,7 +268,7 @@ def cmd_reverify(args: argparse.Namespace) -> int:
     for col in ("trajectory", "question", "step", "stored", "now", "prediction", "gold", "reason", "graded by (stored)"):
         table.add_column(col)
     for d in out["disagreements"][:args.limit]:
-        table.add_row(str(d["trajectory_id"]), d["question"], str(d["step"]), f"{d['stored_reward']:g}",
+        table.add_row(str(d["trajectory_id"]), d["question"], str(d["step"] + 1), f"{d['stored_reward']:g}",
                       f"{d['new_reward']:g}", str(d["prediction"]), d["gold"], d["reason"], str(d["stored_verifier"]))
     if out["disagreements"]:
         console.print(table)

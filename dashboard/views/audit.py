@@ -7,7 +7,7 @@ import streamlit as st
 from sqlalchemy import case, func, inspect, select
 
 from dashboard import db, ui
-from dashboard.queries import reading
+from dashboard.queries import numbered, reading
 from exgrpo_core.store.tables import QuestionState, RewardChange, Trajectory
 
 ROWS_PER_PAGE = 50
@@ -51,8 +51,8 @@ def graded_rows(url: str, run_id: str, offset: int, only_timeouts: bool) -> pd.D
     with reading(url, "graded trajectories") as conn:
         if conn is None:
             return pd.DataFrame(columns=cols)
-        return pd.DataFrame(conn.execute(q.order_by(T.id.desc()).limit(ROWS_PER_PAGE).offset(offset)).all(),
-                            columns=cols)
+        return numbered(pd.DataFrame(conn.execute(q.order_by(T.id.desc()).limit(ROWS_PER_PAGE).offset(offset)).all(),
+                                     columns=cols), "step")  # the step that sampled it, as users count
 
 
 def render() -> None:

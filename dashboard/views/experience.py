@@ -91,7 +91,7 @@ def _trajectories(url: str, run_id: str, qid: int, groups: pd.DataFrame, K: int)
             for t in part.itertuples():
                 state = "in pool" if t.in_pool else "retired" if t.retired else "not pooled"
                 entropy = "—" if pd.isna(t.entropy) else f"{t.entropy:.4f}"
-                st.caption(f"trajectory {t.id} · policy version {t.step} · reward {t.reward:g} · entropy {entropy} · "
+                st.caption(f"trajectory {t.id} · sampled in step {t.step} · reward {t.reward:g} · entropy {entropy} · "
                            f"{t.length} tokens{' (truncated)' if t.truncated else ''} · {state} · "
                            f"replayed {t.times_replayed}×")
                 st.html(highlight_answer(t.text, t.reward > 0))

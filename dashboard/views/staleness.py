@@ -29,16 +29,16 @@ def render() -> None:
     ui.sidebar(url)
     run = ui.pick_run(ui.runs_or_stop(url))
     everything = st.sidebar.checkbox("All steps", value=False, help=f"default: the last {WINDOW} steps")
-    first = 0 if everything else max(0, int(run.step) - WINDOW)  # run.step: steps completed
+    first = 1 if everything else max(1, int(run.step) - WINDOW + 1)  # step numbers; run.step: steps completed
     ages = replay_ages(url, run.id, first)
     if ages.empty:
-        where = "yet" if first == 0 else f"in steps {first} on (tick *All steps* for earlier ones)"
+        where = "yet" if first == 1 else f"in steps {first} on (tick *All steps* for earlier ones)"
         st.info(f"Run {run['name']} has replayed no trajectory {where}: ages and importance weights appear once "
                 "replay is on and the pool holds experience.")
         return
     replayed = int(ages.replayed.sum())
     mean_age = float((ages.age * ages.replayed).sum() / replayed)
-    st.caption(f"Steps {first} to {int(run.step) - 1}" + ("" if first == 0 else " (*All steps*: the whole run)"))
+    st.caption(f"Steps {first} to {int(run.step)}" + ("" if first == 1 else " (*All steps*: the whole run)"))
     cols = st.columns(3)
     cols[0].metric("replayed trajectories", replayed)
     cols[1].metric("mean age (steps)", f"{mean_age:.2f}")

@@ -35,7 +35,8 @@ def test_firings_query_counts_the_stored_monitor_metrics(dashboard_env):
                 "'monitor/%' group by key", r=rid)
     assert raw, "the tiny run's random start should trip fresh_entropy (H ~ log 85 > 3) at step 0"
     for key, n, first, last in raw:
-        assert (got.loc[key, "firings"], got.loc[key, "first_step"], got.loc[key, "last_step"]) == (n, first, last)
+        shown = (got.loc[key, "firings"], got.loc[key, "first_step"], got.loc[key, "last_step"])
+        assert shown == (n, first + 1, last + 1)  # step numbers of the stored 0-based steps
         value = t.one("select value from step_metrics where run_id=:r and key=:k and step=:s", r=rid, k=key, s=last)
         assert got.loc[key, "last_value"] == value
 

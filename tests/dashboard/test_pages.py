@@ -64,7 +64,7 @@ def test_buffer_page_shows_the_last_step_and_replay_start(dashboard_env):
     assert shown["pool trajectories"] == f"{last_metric(t, 'exgrpo', M.BUFFER_TRAJECTORIES):.0f}"
     assert shown["retired questions"] == f"{last_metric(t, 'exgrpo', M.RETIRED_QUESTIONS):.0f}"
     start = t.one("select replay_started_step from runs where name='exgrpo'")
-    assert shown["replay on since step"] == str(start)
+    assert shown["replay on since step"] == str(M.step_number(start))  # stored 0-based
     assert charts(at) == 7  # pool questions, pool trajectories, buckets, replays vs target, 2 weights, replayed
     now = next(d.value for d in at.dataframe if "pooled" in d.value.columns)
     assert now["questions"].sum() == t.one("select count(*) from question_states where run_id=:r", r=t.ids["exgrpo"])
@@ -87,7 +87,7 @@ def test_entropy_page_counts_match_the_database_and_follow_the_step_range(dashbo
     t = dashboard_env
     rid = t.ids["exgrpo"]
     at = open_page("entropy", rid)
-    assert at.slider[0].value == (0, 7)
+    assert at.slider[0].value == (1, 8)  # step numbers; stored 0-7
 
     def expected(lo, hi):
         by_reward = dict(t.sql("select case when reward > 0 then 'correct' else 'incorrect' end, count(*) from "
@@ -96,11 +96,11 @@ def test_entropy_page_counts_match_the_database_and_follow_the_step_range(dashbo
         replayed = t.one("select count(*) from replays where run_id=:r and step between :a and :b", r=rid, a=lo, b=hi)
         return by_reward, replayed
 
-    for lo, hi in ((0, 7), (2, 5)):
-        if (lo, hi) != (0, 7):
+    for lo, hi in ((1, 8), (3, 6)):
+        if (lo, hi) != (1, 8):
             at.slider[0].set_range(lo, hi).run()
             assert not at.exception
-        by_reward, replayed = expected(lo, hi)
+        by_reward, replayed = expected(lo - 1, hi - 1)
         assert _stats(at, 0) == by_reward
         assert _stats(at, 1).get("replayed", 0) == replayed > 0
         assert sum(_stats(at, 2).values()) == sum(by_reward.values())  # by bucket: every trajectory once
@@ -151,7 +151,7 @@ def test_results_page_shows_evaluations_curves_and_mlflow_side_by_side(dashboard
     evals = at.dataframe[0].value.set_index("step")
     for step, value in t.sql("select step, value from eval_results where run_id=:r and benchmark='tiny-arith' "
                              "and metric='pass@1'", r=t.ids["exgrpo"]):
-        assert evals.loc[step, "tiny-arith"] == pytest.approx(value)
+        assert evals.loc[M.step_number(step), "tiny-arith"] == pytest.approx(value)
     mlflow = at.dataframe[1].value.set_index("mlflow_name")
     assert set(mlflow.index) == {"exgrpo", "on-policy"}
     assert mlflow.loc["on-policy", "buffer.replay_ratio"] == "0.0"  # the parameter that differs is shown

@@ -49,7 +49,7 @@ def test_buffer_overlays_two_runs_with_their_own_numbers(dashboard_env):
     ex, on = t.ids["exgrpo"], t.ids["on-policy"]
     at = open_with({"overlay": f"{ex},{on}"}, "buffer")
     assert [m.value for m in at.metric if m.label == "replay on since step"] == [
-        str(t.one("select replay_started_step from runs where id=:r", r=ex)), "never"]
+        str(M.step_number(t.one("select replay_started_step from runs where id=:r", r=ex))), "never"]
     for rid in (ex, on):
         shown = titled(at, f"{t.sql('select name from runs where id=:r', r=rid)[0][0]}: questions per bucket")
         ks = set(shown["k"].dropna())  # (the replay-start rule's row has no k)
@@ -78,7 +78,7 @@ def test_buffer_opens_with_the_options_in_its_url(dashboard_env):
 def test_entropy_overlay_draws_each_runs_buckets_from_its_own_data(dashboard_env):
     t = dashboard_env
     ex, on = t.ids["exgrpo"], t.ids["on-policy"]
-    at = open_with({"overlay": f"{ex},{on}", "steps": "1-4"}, "entropy")
+    at = open_with({"overlay": f"{ex},{on}", "steps": "1-4"}, "entropy")  # step numbers: stored 0-3
     assert at.slider[0].value == (1, 4)
     violins = titled(at, "entropy by the k")
     bands = violins[violins["mark"] == "bin"]
@@ -86,7 +86,7 @@ def test_entropy_overlay_draws_each_runs_buckets_from_its_own_data(dashboard_env
         name = t.sql("select name from runs where id=:r", r=rid)[0][0]
         expect = t.sql("select g.k, count(*), min(t.entropy), max(t.entropy) from trajectories t join group_results g "
                        "on g.run_id=t.run_id and g.question_id=t.question_id and g.step=t.collected_step where "
-                       "t.run_id=:r and t.step between 1 and 4 and t.entropy is not null group by g.k", r=rid)
+                       "t.run_id=:r and t.step between 0 and 3 and t.entropy is not null group by g.k", r=rid)
         mine = bands[bands.run.str.startswith(f"{name} (")]
         assert {int(g): int(n) for g, n in mine.groupby("group")["n"].sum().items()} == {k: n for k, n, _, _ in expect}
         for k, _, lo, hi in expect:
@@ -132,7 +132,7 @@ def test_experience_browser_opens_the_clicked_question_and_filters_trajectories(
     uid = rows.uid.iloc[2]
     assert f"Question {uid}" in [s.value for s in at.subheader] and at.query_params["q"] == uid
     qid = t.one("select question_id from question_states where run_id=:r and uid=:u", r=rid, u=uid)
-    steps = [s for (s,) in t.sql("select distinct collected_step from trajectories where run_id=:r and "
+    steps = [M.step_number(s) for (s,) in t.sql("select distinct collected_step from trajectories where run_id=:r and "
                                  "question_id=:q order by 1 desc", r=rid, q=qid)]
     shown = [int(e.label.split(" · ")[0].removeprefix("step ")) for e in at.expander if e.label.startswith("step ")]
     assert shown and shown == steps[:len(shown)]  # one section per group, newest first

@@ -35,7 +35,7 @@ def test_buffer_now_counts_every_question_state(trained):
 @pytest.mark.parametrize("by", ["correct", "bucket", "source"])
 def test_entropy_histograms_count_and_sum_every_trajectory_in_range(trained, by):
     rid = trained.ids["exgrpo"]
-    hist = Q.entropy_histogram(trained.db_url, rid, 2, 6, by)
+    hist = Q.entropy_histogram(trained.db_url, rid, 3, 7, by)  # step numbers 3-7: stored indices 2-6
     fresh = trained.sql("select reward > 0, count(*), sum(entropy) from trajectories where run_id=:r and step "
                         "between 2 and 6 and entropy is not null group by reward > 0", r=rid)
     totals = hist.groupby("group")[["n", "sum"]].sum()
@@ -68,10 +68,11 @@ def test_entropy_histograms_count_and_sum_every_trajectory_in_range(trained, by)
 
 def test_replay_entropy_by_step_matches_the_replays(trained):
     rid = trained.ids["exgrpo"]
-    per_step = Q.replay_entropy_by_step(trained.db_url, rid).set_index("step")
+    per_step = Q.replay_entropy_by_step(trained.db_url, rid).set_index("step")  # step numbers: index + 1
     rows = trained.sql("select step, avg(entropy), count(*) from replays where run_id=:r group by step", r=rid)
     assert len(rows) == len(per_step) > 0
     for step, mean, n in rows:
+        step = M.step_number(step)
         assert per_step.loc[step, "replayed"] == n and per_step.loc[step, "mean_entropy"] == pytest.approx(mean)
     assert Q.replay_entropy_by_step(trained.db_url, trained.ids["on-policy"]).empty
 
@@ -154,7 +155,7 @@ def test_metric_keys_are_the_logged_ones(trained):
 def test_eval_results_come_from_the_runs_evaluations(trained):
     rows = Q.eval_results(trained.db_url, (trained.ids["exgrpo"], trained.ids["on-policy"]))
     assert set(rows.run_id) == {trained.ids["exgrpo"]}, "only the exgrpo run evaluated"
-    assert {3, 7} <= set(rows.step)
+    assert {4, 8} <= set(rows.step)  # evaluated every 4 steps: stored at indices 3 and 7
     p1 = rows[(rows.metric == "pass@1") & (rows.benchmark == "tiny-arith")]
     assert all(0 <= v <= 1 for v in p1.value) and not any(math.isnan(v) for v in p1.value)
 
@@ -163,4 +164,4 @@ def test_metric_series_only_returns_asked_keys_and_runs(trained):
     rid = trained.ids["on-policy"]
     m = Q.metric_series(trained.db_url, (rid,), (M.REWARD_MEAN, M.bucket_key(0)))
     assert set(m.key) == {M.REWARD_MEAN, M.bucket_key(0)} and set(m.run_id) == {rid}
-    assert sorted(m[m.key == M.REWARD_MEAN].step) == list(range(5))
+    assert sorted(m[m.key == M.REWARD_MEAN].step) == list(range(1, 6))  # steps 1-5, stored 0-4
