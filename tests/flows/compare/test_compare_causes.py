@@ -139,3 +139,15 @@ def test_the_report_splits_the_wide_table_and_the_csv_keeps_every_column(tmp_pat
     assert "### Held-out pass@1 per benchmark (2)" in md and "### Rollout budget" in md
     assert "| exgrpo | mean | 0.250 | 0.100 | — | — | 64 | — | yes |" in md
     store.close()
+
+
+def test_an_empty_held_out_plot_says_why(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    said, text = [], matplotlib.axes.Axes.text
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda self, x, y, s, *a, **k: said.append(s) or text(self, x, y, s, *a, **k))
+    store = ExperienceStore(f"sqlite:///{tmp_path / 'e.db'}")
+    results = [report.arm_result(store, _child(store, {}), "on_policy", 0, 64, None)]  # never evaluated
+    report.plot(results, tmp_path, "t")
+    assert said == ["no held-out pass@1 recorded (no held-out evaluation: eval.suites / eval.final)"]
+    store.close()
