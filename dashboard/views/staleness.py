@@ -27,8 +27,16 @@ def render() -> None:
     st.title("Staleness")
     url = db.database_url()
     ui.sidebar(url)
-    run = ui.pick_run(ui.runs_or_stop(url))
+    runs = ui.runs_or_stop(url)
+    run = ui.pick_run(runs)
     everything = st.sidebar.checkbox("All steps", value=False, help=f"default: the last {WINDOW} steps")
+    ui.live(runs[runs["id"] == run.id], lambda: body(url, run.id, everything))  # redrawn while it trains
+
+
+def body(url: str, run_id: str, everything: bool) -> None:
+    """The page below the pickers; reads the run again, so a live redraw sees its new steps."""
+    runs = ui.list_runs(url)
+    run = runs[runs["id"] == run_id].iloc[0]
     first = 1 if everything else max(1, int(run.step) - WINDOW + 1)  # step numbers; run.step: steps completed
     ages = replay_ages(url, run.id, first)
     if ages.empty:
