@@ -229,10 +229,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from flows.prefect_api import serve_prefect_api
 
     serve_prefect_api()  # before Prefect is imported; its API dies with this process
+    from exgrpo_core.config.redact import hide_overrides  # Prefect records no password
     from flows.compare.flow import compare
 
-    out = compare(preset=args.config, overrides=args.set, arms=arms, seeds=seeds, evaluate=not args.no_eval,
-                  name=args.name, parallel=args.parallel, **pool)
+    out = compare(preset=args.config, overrides=hide_overrides(args.set), arms=arms, seeds=seeds,
+                  evaluate=not args.no_eval, name=args.name, parallel=args.parallel, **pool)
     console.print("[green]done[/green]: " + escape(f"table {out['files']['md']}, MLflow parent run "
                                                   f"{out['parent_mlflow_run_id']}"))
     return 0
@@ -300,10 +301,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     pool = _parallel_options(args, required=True)
     console.print(f"[bold]ExGRPO sweep[/bold]: {len(children)} runs ({len(children) // len(seeds)} grid points "
                   f"x seeds {seeds}) on the deployment's pool")
+    from exgrpo_core.config.redact import hide_overrides
     from flows.compare.sweep import sweep
 
-    out = sweep(preset=args.config, grid=args.grid, overrides=args.set, seeds=seeds, evaluate=not args.no_eval,
-                name=args.name, **pool)
+    out = sweep(preset=args.config, grid=args.grid, overrides=hide_overrides(args.set), seeds=seeds,
+                evaluate=not args.no_eval, name=args.name, **pool)
     console.print(f"[green]done[/green]: table {out['files']['md']}, MLflow parent run {out['parent_mlflow_run_id']}")
     return 0
 

@@ -19,7 +19,9 @@ from pydantic import Field
 from pydantic.json_schema import SkipJsonSchema
 
 from exgrpo_core.config.load import PRESETS_DIR, load_config
+from exgrpo_core.config.redact import masked, reveal
 from exgrpo_core.config.schema import ExGRPOConfig
+from flows.param_secrets import scrub_parameters
 from flows.planned_end import PlannedEnd
 
 PRESETS = tuple(sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
@@ -65,22 +67,25 @@ def new_run_name(preset_name: str, flow_run_name: str | None, flow_run_id) -> st
 def run_config(params: dict, flow_run_name: str | None = None, flow_run_id=None,
                retry: bool = False) -> tuple[ExGRPOConfig, list[str] | None]:
     """The config a train flow run with these parameters trains (also used by the flow's hooks), and the
-    overrides that give it from the preset (None when `config` was given).
+    overrides that give it from the preset (credentials masked; None when `config` was given).
 
     `config` is used as is (the CLI and the comparison: resume by name). Otherwise preset + overrides +
     typed fields; without a run name the run named after the flow run: a new one (run.resume=never) on
-    the flow run's first attempt, the one that attempt started (run.resume=auto) on a `retry`."""
+    the flow run's first attempt, the one that attempt started (run.resume=auto) on a `retry`.
+    Credentials in `params` are masked in the flow run's stored parameters (flows/param_secrets.py), and
+    masked ones are filled back in from the environment (redact.reveal)."""
+    scrub_parameters(params, flow_run_id)
     if params.get("config"):
         cfg = params["config"]
-        return (cfg if isinstance(cfg, ExGRPOConfig) else ExGRPOConfig.model_validate(cfg)), None
+        return reveal(cfg if isinstance(cfg, ExGRPOConfig) else ExGRPOConfig.model_validate(cfg)), None
     preset = params.get("preset") or "tiny"
     sets = form_overrides(params.get("overrides"), **{k: params.get(k) for k in TYPED_KEYS})
     cfg = load_config(preset, sets)
     if names_a_run(sets):
-        return cfg, sets
+        return reveal(cfg), masked(sets)
     resume = "auto" if retry else "never"
     sets += [f"run.name={new_run_name(cfg.preset, flow_run_name, flow_run_id)}", f"run.resume={resume}"]
-    return load_config(preset, sets), sets
+    return reveal(load_config(preset, sets)), masked(sets)
 
 
 def finished_run(cfg: ExGRPOConfig) -> dict | None:

@@ -42,9 +42,13 @@ def mask_url(url: str | URL) -> str:
 
 
 def resolve_db_url(configured: str | None, run_dir: str | Path) -> str:
-    """`configured`, else env EXGRPO_DB_URL, else an SQLite file `experience.db` in the run dir (absolute)."""
+    """`configured`, else env EXGRPO_DB_URL, else an SQLite file `experience.db` in the run dir (absolute).
+    A configured URL with a masked password (`user:***@`, as Prefect parameters carry it) takes the
+    password from EXGRPO_DB_URL when that names the same database, else none (libpq's pass file)."""
     if configured:
-        return configured
+        from exgrpo_core.config.redact import reveal_url
+
+        return reveal_url(configured, ENV_URL)
     if os.environ.get(ENV_URL):
         return os.environ[ENV_URL]
     return f"sqlite:///{Path(run_dir).expanduser().resolve() / 'experience.db'}"

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exgrpo_core.config.redact import hide_overrides
 from exgrpo_core.config.schema import ExGRPOConfig
 from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 from flows.compare import report
@@ -188,11 +189,12 @@ def find_children(client, parent: str) -> dict[str, list]:
 
 
 def submit(child: Child, target: Target, parent: str, preset: str, mlflow_parent: str | None, attempt: int):
-    """One flow run of the deployment for this child, returned at once (`timeout=0`)."""
+    """One flow run of the deployment for this child, returned at once (`timeout=0`). Credentials go masked
+    (`user:***@`): the child fills them in from its worker's environment (EXGRPO_DB_URL, the pass file)."""
     from prefect.deployments import run_deployment
 
     fr = run_deployment(target.deployment, timeout=0, work_queue_name=target.queue,
-                        parameters={"preset": preset, "overrides": child.overrides,
+                        parameters={"preset": preset, "overrides": hide_overrides(child.overrides),
                                     "parent_mlflow_run_id": mlflow_parent},
                         flow_run_name=child.name + (f"-retry{attempt}" if attempt else ""),
                         tags=[PARENT_TAG + parent, CHILD_TAG + child.name, f"exgrpo-arm:{child.label}",
