@@ -2,16 +2,20 @@
 the MLflow server dies, the disk fills up. The run is recorded failed wherever it still can be
 (`flows/train.py` `_record_end`); `exgrpo train` then prints one line naming the service and exits with
 `EXIT_CODE`, without a traceback: `quiet_dependency_faults` drops Prefect's task- and flow-failure ERROR
-records of such an exception (the line says it all). Every other error is logged as before.
+records of such an exception (the line says it all), found by the exception, never by its text. Every
+other error is logged as before.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+from collections import deque
 from pathlib import Path
 
 from rich.console import Console
+
+from flows.quiet import quiet
 
 EXIT_CODE = 4  # `exgrpo train`: a service the run depends on failed (2: a user error, 3: stopped by a monitor)
 _LOGGERS = ("prefect.task_runs", "prefect.flow_runs", "prefect.engine")
@@ -96,30 +100,29 @@ def dependency_error(exc: BaseException, cfg, run_dir: Path, recorded: str) -> D
     return err
 
 
-class _DropDependencyFaults(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR:
-            return True
-        exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None:
-            return kind(exc) is None
-        # "Finished in state Failed('Task run encountered an exception OperationalError: ...')" carries no
-        # exception, only its text
-        msg = record.getMessage()
-        return not (msg.startswith("Finished in state Failed") and ("DependencyError" in msg or _FAULT_NAMES(msg)))
+_FAILED_RUNS: deque[str] = deque(maxlen=64)  # task and flow runs whose exception was a failed dependency
 
 
-def _FAULT_NAMES(msg: str) -> bool:  # noqa: N802 - the exception class names a Failed state's text holds
-    return any(n in msg for n in ("OperationalError", "InterfaceError", "MlflowException", "RestException",
-                                  "No space left on device"))
+def _run_id(record: logging.LogRecord) -> str | None:
+    return getattr(record, "task_run_id", None) or getattr(record, "flow_run_id", None)
 
 
-_FILTER = _DropDependencyFaults()
+def _is_dependency_fault(record: logging.LogRecord) -> bool:
+    """An ERROR record of a failed dependency: the exception it carries is one, or it is the "Finished in
+    state Failed" line (no exception, only text) of a task or flow run whose exception record was one;
+    Prefect logs that record first."""
+    if record.levelno < logging.ERROR:
+        return False
+    exc = record.exc_info[1] if record.exc_info else None
+    if exc is not None:
+        if kind(exc) is None:
+            return False
+        if _run_id(record):
+            _FAILED_RUNS.append(str(_run_id(record)))
+        return True
+    return record.getMessage().startswith("Finished in state Failed") and str(_run_id(record)) in _FAILED_RUNS
 
 
 def quiet_dependency_faults() -> None:
     """Keep Prefect's failure tracebacks of a failed dependency out of the log (idempotent)."""
-    for name in _LOGGERS:
-        log = logging.getLogger(name)
-        if _FILTER not in log.filters:
-            log.addFilter(_FILTER)
+    quiet(_LOGGERS, _is_dependency_fault)

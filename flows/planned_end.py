@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 
+from flows.quiet import quiet
+
 # the loggers Prefect's engine reports an attempt's exception on (the flow run's log, the process's)
 ENGINE_LOGGERS = ("prefect.flow_runs", "prefect.engine")
 
@@ -27,18 +29,11 @@ def planned_state(name: str, end: PlannedEnd):
     return Cancelled(name=name, message=str(end), data=end)
 
 
-class _DropPlannedEnds(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not (isinstance(exc, PlannedEnd) and record.levelno >= logging.ERROR)
-
-
-_FILTER = _DropPlannedEnds()
+def _is_planned_end(record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    return isinstance(exc, PlannedEnd) and record.levelno >= logging.ERROR
 
 
 def quiet_planned_ends() -> None:
     """Keep the engine's exit traceback of a planned end out of the flow run's log (idempotent)."""
-    for name in ENGINE_LOGGERS:
-        log = logging.getLogger(name)
-        if _FILTER not in log.filters:
-            log.addFilter(_FILTER)
+    quiet(ENGINE_LOGGERS, _is_planned_end)

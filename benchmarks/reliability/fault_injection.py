@@ -46,9 +46,11 @@ SKIP_COLUMNS = {"run_id", "created_at", "updated_at", "config_json", "mlflow_run
 RANKED = {"trajectory_id": "trajectories", "question_id": "questions"}
 
 
-def train_command(root: Path, db_url: str, steps: int, name: str = "fi") -> list[str]:
+def train_command(root: Path, db_url: str, steps: int, name: str = "fi", mlflow_uri: str | None = None) -> list[str]:
+    """`exgrpo train` of the tiny preset in root; MLflow: `mlflow_uri`, else the SQLite store root/mlflow.db."""
+    mlflow_uri = mlflow_uri or f"sqlite:///{root / 'mlflow.db'}"
     sets = [f"run.output_dir={root / 'runs'}", f"run.db_url={db_url}", f"run.name={name}",
-            f"run.mlflow_tracking_uri=sqlite:///{root / 'mlflow.db'}", f"run.steps={steps}",
+            f"run.mlflow_tracking_uri={mlflow_uri}", f"run.steps={steps}",
             "run.checkpoint_every=1"]
     return [sys.executable, "-m", "flows.cli", "train", "--config", "tiny", *sum((["--set", s] for s in sets), [])]
 
@@ -255,6 +257,20 @@ def db_for(backend: str, root: Path) -> str:
     return PG.format(name)
 
 
+def reference_run(work: Path, steps: int, backend: str = "sqlite") -> tuple[dict, float, dict]:
+    """An uninterrupted run in work/reference: the environment the trials share (Prefect home work/prefect),
+    its duration in seconds and its end state."""
+    env = environment(work / "prefect")
+    root = work / "reference"
+    root.mkdir(parents=True)
+    db = db_for(backend, root)
+    t0 = time.monotonic()
+    run = run_until_done(train_command(root, db, steps), env, root, [])
+    assert run["finished"], run["failures"]
+    assert not run["leaked"], run["leaked"]
+    return env, time.monotonic() - t0, final_state(root, db)
+
+
 def plan_kills(rng: random.Random, n: int, duration_s: float, steps: int) -> list[tuple[str, float]]:
     return [("time", round(rng.uniform(0, 0.9 * duration_s), 2)) if rng.random() < 0.5
             else ("checkpoint", rng.randrange(steps)) for _ in range(n)]
@@ -291,15 +307,7 @@ def main() -> int:
     args = ap.parse_args()
     rng = random.Random(args.seed)
     work = Path(args.work or tempfile.mkdtemp(prefix="fault-injection-"))
-    env = environment(work / "prefect")
-    ref_root = work / "reference"
-    ref_root.mkdir(parents=True)
-    ref_db = db_for(args.db, ref_root)
-    t0 = time.monotonic()
-    ref_run = run_until_done(train_command(ref_root, ref_db, args.steps), env, ref_root, [])
-    duration = time.monotonic() - t0
-    assert ref_run["finished"], ref_run["failures"]
-    ref = final_state(ref_root, ref_db)
+    env, duration, ref = reference_run(work, args.steps, args.db)
     print(f"reference: {duration:.1f} s, {sum(sum(c.values()) for c in ref['rows'].values())} rows, "
           f"{len(ref['mlflow']['points'])} MLflow points")
     trials = []

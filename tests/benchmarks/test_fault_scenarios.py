@@ -20,13 +20,8 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     work = tmp_path_factory.mktemp("fault-scenarios")
-    env = fi.environment(work / "prefect")
-    root = work / "reference"
-    root.mkdir()
-    db = fi.db_for("sqlite", root)
-    run = fi.run_until_done(fi.train_command(root, db, STEPS), env, root, [])
-    assert run["finished"], run["failures"]
-    return work, env, fi.final_state(root, db)
+    env, _, ref = fi.reference_run(work, STEPS)
+    return work, env, ref
 
 
 @pytest.mark.parametrize("name", ["fresh_starts_together", "moved_database"])

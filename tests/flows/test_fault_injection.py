@@ -23,18 +23,9 @@ STEPS = 4
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """An uninterrupted run, its duration and its end state; the Prefect home shared by the trials."""
-    import time
-
     work = tmp_path_factory.mktemp("fault-injection")
-    env = fi.environment(work / "prefect")
-    root = work / "reference"
-    root.mkdir()
-    db = fi.db_for("sqlite", root)
-    start = time.monotonic()
-    run = fi.run_until_done(fi.train_command(root, db, STEPS), env, root, [])
-    assert run["finished"], run["failures"]
-    assert not run["leaked"], run["leaked"]
-    return work, env, time.monotonic() - start, fi.final_state(root, db)
+    env, duration, ref = fi.reference_run(work, STEPS)
+    return work, env, duration, ref
 
 
 def _trial(reference, name: str, kills):
