@@ -26,6 +26,7 @@ from exgrpo_core.run import allocator, checkpoint as C
 from exgrpo_core.store.experience_store import ExperienceStore, StoreError, resolve_db_url
 from flows.eval_tasks import START_STEP, generation_args, load_items, record, run_eval
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
+from flows.train_params import Text, Texts
 
 
 @dataclass
@@ -69,13 +70,13 @@ def resolve_target(cfg: ExGRPOConfig, model: str | None, checkpoint: str | None,
 
 
 @flow(name="exgrpo-evaluate", log_prints=True)
-def evaluate(preset: str = "tiny", overrides: list[str] | None = None, model: str | None = None,
-             checkpoint: str | None = None, run: str | None = None, suites: list[str] | None = None,
-             config: ExGRPOConfig | None = None) -> dict:
+def evaluate(preset: str = "tiny", overrides: Texts = [], model: Text = "", checkpoint: Text = "",  # noqa: B006
+             run: Text = "", suites: Texts = [], config: ExGRPOConfig | None = None) -> dict:  # noqa: B006
     """Evaluate on `suites` (default: eval.suites, else data.eval_path); returns ids, step number and scores.
 
     `preset`/`overrides` build the config (`config`, when given, is used as is); `model` is a name or
-    path, `checkpoint` a checkpoint folder, `run` a run name under run.output_dir (latest checkpoint).
+    path, `checkpoint` a checkpoint folder, `run` a run name under run.output_dir (latest checkpoint);
+    empty ones are not set (the run form's plain inputs).
     """
     cfg = config or load_config(preset, overrides or [])
     if suites:
@@ -85,7 +86,7 @@ def evaluate(preset: str = "tiny", overrides: list[str] | None = None, model: st
     if not items:
         raise ConfigError("nothing to evaluate: pass suites, or set eval.suites or data.eval_path")
     check_server(resolve_tracking_uri(cfg))
-    target = resolve_target(cfg, model, checkpoint, run)
+    target = resolve_target(cfg, model or None, checkpoint or None, run or None)
     target.run_dir.mkdir(parents=True, exist_ok=True)
     store = ExperienceStore(resolve_db_url(cfg.run.db_url, target.run_dir))
     try:

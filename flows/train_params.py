@@ -35,6 +35,9 @@ ReplayRatio = Annotated[float, Field(ge=-1, lt=1)] | SkipJsonSchema[None]
 Seed = Annotated[int, Field(ge=-1)] | SkipJsonSchema[None]
 Overrides = list[str] | SkipJsonSchema[None]
 UNSET = {"run_name": "", "steps": 0, "replay_ratio": -1.0, "seed": -1}
+Text = str | SkipJsonSchema[None]  # other flows' optional text and list inputs: "" / [] mean not set
+Texts = list[str] | SkipJsonSchema[None]
+Count = Annotated[int, Field(ge=0)] | SkipJsonSchema[None]  # 0: not set
 
 
 class AlreadyFinishedError(PlannedEnd):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from pydantic.json_schema import SkipJsonSchema
 
 from exgrpo_core.algorithm import selection
 from exgrpo_core.config.load import load_config
@@ -26,6 +27,7 @@ from flows.compare.parallel import finished_summary
 from flows.run_report import artifact_key, link_tags
 from flows.tracking import MlflowRun, check_server, open_store, resolve_tracking_uri
 from flows.train import train
+from flows.train_params import Count, Text, Texts
 
 _task = task(cache_policy=NO_CACHE, persist_result=False)
 
@@ -49,14 +51,15 @@ def write_report(results: list[dict], out_dir: str, name: str, meta: dict) -> di
 
 
 @flow(name="exgrpo-compare", log_prints=True)
-def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list[ArmName] | None = None,
-            seeds: list[int] = [0], evaluate: bool = True, name: str | None = None,  # noqa: B006
-            parallel: bool = False, work_pool: str | None = None, work_queue: str = par.QUEUE,
-            slots: int | None = None, retry_failed: bool = False, deployment: str = par.DEPLOYMENT) -> dict:
+def compare(preset: str = "tiny", overrides: Texts = [], arms: list[ArmName] | SkipJsonSchema[None] = [],  # noqa: B006
+            seeds: list[int] = [0], evaluate: bool = True, name: Text = "",  # noqa: B006
+            parallel: bool = False, work_pool: Text = "", work_queue: str = par.QUEUE,
+            slots: Count = 0, retry_failed: bool = False, deployment: str = par.DEPLOYMENT) -> dict:
     """Train every arm x seed (all arms when `arms` is None), evaluate, and write the comparison table.
 
     `overrides` apply to every arm; the arm's own overrides win. `name` (default `compare-<preset>`)
-    names the parent MLflow run and prefixes the child runs, so rerunning resumes them.
+    names the parent MLflow run and prefixes the child runs, so rerunning resumes them. Empty `arms`,
+    `name`, `work_pool` and 0 `slots` are not set (the run form's plain inputs).
 
     Args:
         parallel: Run the children at once as flow runs of `deployment` on its work pool (flows/compare/parallel.py)
@@ -67,9 +70,9 @@ def compare(preset: str = "tiny", overrides: list[str] | None = None, arms: list
         retry_failed: Resubmit only the children whose latest run failed, crashed or was cancelled.
         deployment: The training deployment children run as.
     """
-    name = name or f"compare-{preset}"
+    name, arms = name or f"compare-{preset}", arms or None
     runs = build_arm_runs(preset, overrides, arms, seeds, name, evaluate)  # bad arm/override: ConfigError now
-    target = par.Target(deployment, work_pool, work_queue, slots, retry_failed) if parallel else None
+    target = par.Target(deployment, work_pool or None, work_queue, slots or None, retry_failed) if parallel else None
     if target:
         par.prepare(target)  # no server, deployment or pool as named: one line, before the MLflow parent
     base = load_config(preset, [*(overrides or []), f"run.name={name}"])

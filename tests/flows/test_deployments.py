@@ -55,11 +55,20 @@ def test_deployment_defaults_pass_the_servers_parameter_validation(name):
     assert schema["properties"]["preset"]["type"] == "string"
     if name == "exgrpo-train":  # a select box of the shipped presets
         assert schema["properties"]["preset"]["enum"] == list(PRESETS)
-    overrides = schema["properties"]["overrides"]
-    if name == "exgrpo-train":  # a plain list input, no "None" type toggle
-        assert overrides["type"] == "array" and overrides["items"] == {"type": "string"} and "anyOf" not in overrides
-    else:
-        assert {"type": "array", "items": {"type": "string"}} in overrides["anyOf"]
+    overrides = schema["properties"]["overrides"]  # a plain list input, no "None" type toggle
+    assert overrides["type"] == "array" and overrides["items"] == {"type": "string"} and overrides["default"] == []
+
+
+@pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
+def test_no_form_field_is_a_type_toggle(name):
+    """Prefect's form draws `anyOf [X, null]` as a type toggle showing `Property is type "None"`, and would send
+    a null default, which the server refuses for a typed property: only the whole `config` tree (advanced,
+    ignored unless given) keeps its null choice."""
+    for field, prop in _schema(name)["properties"].items():
+        if field == "config":
+            assert {"type": "null"} in prop["anyOf"] and prop["default"] is None
+            continue
+        assert {"type": "null"} not in prop.get("anyOf", []) and prop.get("default", "") is not None, (field, prop)
 
 
 @pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
