@@ -31,6 +31,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _forward(self) -> None:
         path = self.path.split("?", 1)[0]
         if (self.command, path) not in OPEN and not self.server.allows(self.headers.get("Authorization", "")):
+            self.close_connection = True  # its body is left unread
             self._answer(401, {"error": "missing or wrong API key (Authorization: Bearer $EXGRPO_ROLLOUT_API_KEY)"})
             return
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))

@@ -18,6 +18,7 @@ differ. A run made before that (no `exgrpo.step_numbering` tag) keeps its 0-base
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -73,6 +74,26 @@ def check_server(uri: str, timeout: float = 5.0) -> None:
         raise TrackingError(
             f"MLflow tracking server at {uri} is unreachable ({getattr(e, 'reason', e)}). Start it "
             "(see infra/) or unset MLFLOW_TRACKING_URI to use the local store.") from None
+    _check_login(uri, timeout)
+
+
+def _check_login(uri: str, timeout: float) -> None:
+    """A server with logins (MLflow's basic-auth app) must take MLFLOW_TRACKING_USERNAME/PASSWORD: one line
+    when they are missing or wrong, before any work is done (/health answers without a login)."""
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    req = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
+    if user and password:
+        req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    try:
+        urllib.request.urlopen(req, timeout=max(timeout, 30.0)).close()  # a login check hashes: slow when busy
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            raise TrackingError(f"MLflow server at {uri} " + (
+                f"refused the login of MLFLOW_TRACKING_USERNAME={user}: check MLFLOW_TRACKING_PASSWORD"
+                if user and password else "asks for a login: set MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD (infra/README.md, Logins)")) from None
+    except (urllib.error.URLError, OSError):
+        pass  # reachable a moment ago: a real fault surfaces, named, on first use
 
 
 def _creation_lock(uri: str):

@@ -25,6 +25,13 @@ EXGRPO_MLFLOW_ARTIFACTS="${EXGRPO_MLFLOW_ARTIFACTS:-$EXGRPO_STATE_DIR/mlflow-art
 EXGRPO_PREFECT_HOST="${EXGRPO_PREFECT_HOST:-127.0.0.1}"
 EXGRPO_PREFECT_PORT="${EXGRPO_PREFECT_PORT:-4200}"
 EXGRPO_WORK_POOL="${EXGRPO_WORK_POOL:-exgrpo-process}"
+# Logins (infra/README.md, "Logins"), off unless set; read from the environment only, never printed:
+# EXGRPO_MLFLOW_ADMIN_PASSWORD: MLflow's basic-auth app (users in $EXGRPO_STATE_DIR/mlflow-auth.db);
+#   the worker logs in as EXGRPO_MLFLOW_ADMIN_USER (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD).
+# EXGRPO_PREFECT_AUTH_STRING: `user:password` every Prefect API call must carry (server:
+#   PREFECT_SERVER_API_AUTH_STRING; worker and `env`: PREFECT_API_AUTH_STRING).
+EXGRPO_MLFLOW_ADMIN_USER="${EXGRPO_MLFLOW_ADMIN_USER:-admin}"
+EXGRPO_MLFLOW_AUTH_DB_URL="${EXGRPO_MLFLOW_AUTH_DB_URL:-sqlite:///$EXGRPO_STATE_DIR/mlflow-auth.db}"  # its users
 EXGRPO_START_TIMEOUT="${EXGRPO_START_TIMEOUT:-180}"      # seconds to wait for a server's health check
 
 EXGRPO_DB_EXPERIENCE="${EXGRPO_DB_PREFIX}_experience"
@@ -33,8 +40,10 @@ EXGRPO_DB_PREFECT="${EXGRPO_DB_PREFIX}_prefect"
 _pg="${EXGRPO_PG_HOST}:${EXGRPO_PG_PORT}"
 EXGRPO_EXPERIENCE_URL="postgresql+psycopg://${EXGRPO_TRAIN_ROLE}@${_pg}/${EXGRPO_DB_EXPERIENCE}"
 EXGRPO_DASHBOARD_URL="postgresql+psycopg://${EXGRPO_DASHBOARD_ROLE}@${_pg}/${EXGRPO_DB_EXPERIENCE}"
-EXGRPO_MLFLOW_DB_URL="postgresql+psycopg://${EXGRPO_SERVICES_ROLE}@${_pg}/${EXGRPO_DB_MLFLOW}"
-EXGRPO_PREFECT_DB_URL="postgresql+asyncpg://${EXGRPO_SERVICES_ROLE}@${_pg}/${EXGRPO_DB_PREFECT}"
+# The two servers' own databases (the tests point them at SQLite files)
+_services_pg="${EXGRPO_SERVICES_ROLE}@${_pg}"
+EXGRPO_MLFLOW_DB_URL="${EXGRPO_MLFLOW_DB_URL:-postgresql+psycopg://${_services_pg}/${EXGRPO_DB_MLFLOW}}"
+EXGRPO_PREFECT_DB_URL="${EXGRPO_PREFECT_DB_URL:-postgresql+asyncpg://${_services_pg}/${EXGRPO_DB_PREFECT}}"
 # Where clients reach the servers (differs from the bind host in containers: http://mlflow:5000).
 EXGRPO_MLFLOW_URL="${EXGRPO_MLFLOW_URL:-http://${EXGRPO_MLFLOW_HOST}:${EXGRPO_MLFLOW_PORT}}"
 EXGRPO_PREFECT_API_URL="${EXGRPO_PREFECT_API_URL:-http://${EXGRPO_PREFECT_HOST}:${EXGRPO_PREFECT_PORT}/api}"

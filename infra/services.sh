@@ -30,10 +30,36 @@ check_settings() {
 }
 
 service_env() {  # `env` arguments of every service process and Prefect CLI call
-  ENV=(env -u PREFECT_PROFILE -u PGPASSWORD PREFECT_HOME="$EXGRPO_STATE_DIR/prefect-home"
+  ENV=(env -u PREFECT_PROFILE -u PGPASSWORD -u EXGRPO_MLFLOW_ADMIN_PASSWORD -u EXGRPO_PREFECT_AUTH_STRING
+       PREFECT_HOME="$EXGRPO_STATE_DIR/prefect-home"
        PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_API_URL="$EXGRPO_PREFECT_API_URL")
   [[ -f "$EXGRPO_PGPASSFILE" ]] && ENV+=(PGPASSFILE="$EXGRPO_PGPASSFILE")
   return 0
+}
+
+with_secrets() {  # with_secrets VAR=SOURCE...: CMD runs with VAR set to the value of $SOURCE (those set),
+  # through the environment (a `bash -c` that names the variables only), never on a command line
+  local pair src script=""
+  for pair in "$@"; do
+    src="${pair#*=}"
+    [[ -n "${!src:-}" ]] && script+="export ${pair%%=*}=\"\$$src\"; "
+  done
+  [[ -z "$script" ]] || CMD=(bash -c "$script"'exec "$@"' _ "${CMD[@]}")
+  return 0
+}
+
+mlflow_auth() {  # EXGRPO_MLFLOW_ADMIN_PASSWORD set: MLflow's basic-auth app (config file, Flask secret key)
+  [[ -n "${EXGRPO_MLFLOW_ADMIN_PASSWORD:-}" ]] || return 0
+  local ini="$EXGRPO_STATE_DIR/mlflow-auth.ini" key="$EXGRPO_STATE_DIR/mlflow-secret-key"
+  [[ -s "$key" ]] || (umask 077; "$EXGRPO_PYTHON" -c 'import secrets; print(secrets.token_hex(32))' > "$key")
+  # one worker (--workers 1), so its login cache sees every password change: one PBKDF2 check a minute per user
+  printf '[mlflow]\ndefault_permission = READ\ndatabase_uri = %s\nadmin_username = %s\n%s\n%s\n' \
+    "$EXGRPO_MLFLOW_AUTH_DB_URL" "$EXGRPO_MLFLOW_ADMIN_USER" "auth_cache_ttl_seconds = 60" \
+    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth" > "$ini"
+  # the admin's password and the key reach MLflow through its environment, read from ours and the key file
+  CMD=(bash -c 'export MLFLOW_AUTH_ADMIN_PASSWORD="$EXGRPO_MLFLOW_ADMIN_PASSWORD"
+export MLFLOW_FLASK_SERVER_SECRET_KEY="$(cat "$1")"; exec "${@:2}"' _ "$key"
+       "${CMD[@]:0:${#ENV[@]}}" MLFLOW_AUTH_CONFIG_PATH="$ini" "${CMD[@]:${#ENV[@]}}" --app-name basic-auth)
 }
 
 # One command line per service, used both by `up` (background, pid file) and by `serve NAME`
@@ -45,7 +71,7 @@ mlflow_cmd() {
        --artifacts-destination "$EXGRPO_MLFLOW_ARTIFACTS" --serve-artifacts
        --host "$EXGRPO_MLFLOW_HOST" --port "$EXGRPO_MLFLOW_PORT" --workers 1)
   [[ -n "${EXGRPO_MLFLOW_ALLOWED_HOSTS:-}" ]] && CMD+=(--allowed-hosts "$EXGRPO_MLFLOW_ALLOWED_HOSTS")
-  return 0
+  mlflow_auth
 }
 
 prefect_cmd() {
@@ -53,6 +79,7 @@ prefect_cmd() {
   service_env
   CMD=("${ENV[@]}" PREFECT_API_DATABASE_CONNECTION_URL="$EXGRPO_PREFECT_DB_URL"
        "$EXGRPO_PYTHON" -m prefect server start --host "$EXGRPO_PREFECT_HOST" --port "$EXGRPO_PREFECT_PORT")
+  with_secrets PREFECT_SERVER_API_AUTH_STRING=EXGRPO_PREFECT_AUTH_STRING
 }
 
 worker_cmd() {  # the worker creates the process pool when it does not exist yet
@@ -62,14 +89,19 @@ worker_cmd() {  # the worker creates the process pool when it does not exist yet
   CMD=("${ENV[@]}" EXGRPO_REPO_DIR="$EXGRPO_REPO_DIR" EXGRPO_DB_URL="$EXGRPO_EXPERIENCE_URL"
        MLFLOW_TRACKING_URI="$EXGRPO_MLFLOW_URL"
        "$EXGRPO_PYTHON" -m prefect worker start --pool "$EXGRPO_WORK_POOL" --type process --name "$WORKER_NAME")
+  [[ -z "${EXGRPO_MLFLOW_ADMIN_PASSWORD:-}" ]] || CMD=("${CMD[@]:0:${#ENV[@]}}" \
+    MLFLOW_TRACKING_USERNAME="$EXGRPO_MLFLOW_ADMIN_USER" "${CMD[@]:${#ENV[@]}}")
+  with_secrets PREFECT_API_AUTH_STRING=EXGRPO_PREFECT_AUTH_STRING MLFLOW_TRACKING_PASSWORD=EXGRPO_MLFLOW_ADMIN_PASSWORD
 }
 
 worker_online() {  # worker_online [SINCE_EPOCH]: the pool lists our worker ONLINE, heartbeat after SINCE
   "$EXGRPO_PYTHON" - "$EXGRPO_PREFECT_API_URL/work_pools/$EXGRPO_WORK_POOL/workers/filter" \
     "$WORKER_NAME" "${1:-0}" <<'PY' 2>/dev/null
-import json, sys, urllib.request
+import base64, json, os, sys, urllib.request
 from datetime import datetime
-req = urllib.request.Request(sys.argv[1], data=b"{}", headers={"Content-Type": "application/json"})
+auth = os.environ.get("EXGRPO_PREFECT_AUTH_STRING")
+req = urllib.request.Request(sys.argv[1], data=b"{}", headers={"Content-Type": "application/json", **(
+    {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {})})
 with urllib.request.urlopen(req, timeout=5) as r:
     workers = [w for w in json.load(r) if w["name"] == sys.argv[2] and w["status"] == "ONLINE"]
 beats = [datetime.fromisoformat(w["last_heartbeat_time"]).timestamp() for w in workers]
@@ -96,6 +128,10 @@ print_env() {
   echo "export PREFECT_API_URL='$EXGRPO_PREFECT_API_URL'"
   echo "export EXGRPO_REPO_DIR='$EXGRPO_REPO_DIR'"
   [[ -f "$EXGRPO_PGPASSFILE" ]] && echo "export PGPASSFILE='$EXGRPO_PGPASSFILE'; unset PGPASSWORD  # the roles' passwords"
+  # logins: the secrets by reference to the variables that hold them, never their values
+  [[ -n "${EXGRPO_PREFECT_AUTH_STRING:-}" ]] && echo 'export PREFECT_API_AUTH_STRING="$EXGRPO_PREFECT_AUTH_STRING"'
+  [[ -n "${EXGRPO_MLFLOW_ADMIN_PASSWORD:-}" ]] && echo "export MLFLOW_TRACKING_USERNAME='$EXGRPO_MLFLOW_ADMIN_USER'" \
+    && echo 'export MLFLOW_TRACKING_PASSWORD="$EXGRPO_MLFLOW_ADMIN_PASSWORD"'
   return 0
 }
 

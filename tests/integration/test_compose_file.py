@@ -70,3 +70,10 @@ def test_nothing_is_published_beyond_this_machine_and_postgresql_not_at_all():
         for port in svc.get("ports", []):
             spec = port if isinstance(port, str) else f"{port.get('host_ip', '')}:{port.get('published')}"
             assert spec.startswith("127.0.0.1:"), f"{name} publishes {spec} on every interface"
+
+
+def test_mlflow_prefect_and_the_worker_require_the_logins():
+    for name in ("mlflow", "prefect", "worker"):
+        env = SERVICES[name]["environment"]
+        for key in ("EXGRPO_MLFLOW_ADMIN_PASSWORD", "EXGRPO_PREFECT_AUTH_STRING"):
+            assert re.fullmatch(rf"\$\{{{key}:\?[^}}]*\}}", str(env.get(key))), f"{name}.{key}: required from .env"
