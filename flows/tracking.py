@@ -34,7 +34,7 @@ import yaml
 
 from exgrpo_core import metrics as M
 from exgrpo_core.config.load import flatten
-from exgrpo_core.config.redact import mask_text, masked, masked_config
+from exgrpo_core.config.redact import mask_text, masked, masked_config, reveal_url
 from exgrpo_core.config.schema import ExGRPOConfig
 from exgrpo_core.run.locks import file_lock
 
@@ -54,7 +54,9 @@ class TrackingError(RuntimeError):
 
 
 def resolve_tracking_uri(cfg: ExGRPOConfig) -> str:
-    uri = cfg.run.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    """run.mlflow_tracking_uri (a masked password filled in from MLFLOW_TRACKING_URI: redact.reveal_url),
+    else MLFLOW_TRACKING_URI, else the local store beside the runs."""
+    uri = reveal_url(cfg.run.mlflow_tracking_uri, "MLFLOW_TRACKING_URI") or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
     root = Path(cfg.run.output_dir).resolve()

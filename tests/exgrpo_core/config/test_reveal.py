@@ -34,3 +34,12 @@ def test_overrides_sent_to_prefect_keep_the_secret_in_the_environment(monkeypatc
     cfg = reveal(load_config("tiny", sent))  # what the receiving flow run trains with
     assert cfg.run.db_url == real and cfg.rollout.server_api_key == "k3y" and cfg.run.steps == 2
     assert hide_overrides(["run.steps=2"]) == ["run.steps=2"]
+
+
+def test_a_masked_tracking_uri_comes_from_mlflow_tracking_uri(monkeypatch, tmp_path):
+    from flows.tracking import resolve_tracking_uri
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://bob:s3cret@mlflow.internal:5000")
+    masked = "http://bob:***@mlflow.internal:5000"
+    cfg = load_config("tiny", [f"run.output_dir={tmp_path}", f"run.mlflow_tracking_uri={masked}"])
+    assert resolve_tracking_uri(cfg) == "http://bob:s3cret@mlflow.internal:5000"
