@@ -49,6 +49,13 @@ STEP_TAG = "exgrpo.step_numbering"  # on runs whose MLflow steps are step number
 STEP_NUMBERS = "updates_done"
 
 
+# An MLflow server that answers 5xx (429, 500, 502, 503, 504) or cannot be reached: MLflow's client retries
+# each request after 0, 4, 8, 16, 32 and 64 s (urllib3 Retry, backoff factor 2), about two minutes; then
+# the run ends in one line naming the server, exit 4 (flows/dependency_errors.py). A retried log_batch adds
+# no point twice (same metric, step, timestamp and value). Set these variables to choose otherwise.
+SERVER_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "6", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "2"}
+
+
 class TrackingError(RuntimeError):
     """MLflow cannot be used as configured; the message names the URI and what to do."""
 
@@ -146,7 +153,8 @@ class MlflowRun:
         self.mlflow = mlflow
         uri = resolve_tracking_uri(cfg)
         check_server(uri)
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        for k, v in SERVER_RETRIES.items():  # unless set: a server answering 5xx or down rides out ~2 min
+            os.environ.setdefault(k, v)
         mlflow.set_tracking_uri(uri)
         self.uri = uri
         with _creation_lock(uri):  # concurrent starts on one new SQLite store: one creates, the others wait

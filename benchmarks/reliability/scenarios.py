@@ -10,8 +10,11 @@ Scenarios:
   - mixed_backends (--db postgres): a second one in the same folder on the default SQLite file;
   - fresh_starts_together: two starts of a new run launched at the same moment (one must win, intact);
   - moved_database: killed after a checkpoint, the database moved away: the rerun must refuse (not resume
-    into an empty database); the database put back, the rerun finishes exactly.
-Writes benchmarks/results/fault_scenarios_<db>.json.
+    into an empty database); the database put back, the rerun finishes exactly;
+  - postgres_outage (--db postgres): PostgreSQL unreachable for 20 s mid-run: one line, exit 4; once it is
+    back the same command finishes exactly;
+  - mlflow_503: the MLflow server answering 503 for 20 s mid-run: ridden out, the run finishes exactly.
+Writes benchmarks/results/fault_scenarios_<db>.json (`--tag T`: fault_scenarios_<db>_T.json).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.reliability import fault_injection as fi  # noqa: E402
+from benchmarks.reliability.proxies import FailingHttpProxy, TcpProxy, free_port, wait_for_http  # noqa: E402
 
 
 def _start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
@@ -36,12 +40,13 @@ def _start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def _refusal(proc: subprocess.Popen, log: Path, expect: str) -> dict:
-    """A refused start: exit 2, one `error:` line containing `expect`, no traceback."""
+def _refusal(proc: subprocess.Popen, log: Path, expect: str, rc: int = 2) -> dict:
+    """A refused start (or a run ended by a failed service: rc 4): exit `rc`, one `error:` line containing
+    `expect`, no traceback."""
     proc.wait()
     text = log.read_text()
     errors = [line for line in text.splitlines() if line.startswith("error:")]
-    ok = proc.returncode == 2 and len(errors) == 1 and expect in errors[0] and "Traceback" not in text
+    ok = proc.returncode == rc and len(errors) == 1 and expect in errors[0] and "Traceback" not in text
     return {"rc": proc.returncode, "one_line": ok, "line": (errors or [text[-300:]])[0][:300]}
 
 
@@ -128,8 +133,54 @@ def moved_database(work: Path, env: dict, steps: int, ref: dict, backend: str) -
     return out
 
 
+def postgres_outage(work: Path, env: dict, steps: int, ref: dict, backend: str) -> dict:
+    """PostgreSQL (through a TCP proxy) gone for 20 s once step 1 is checkpointed: the run ends in one line,
+    exit 4 (its lock lives on the cut connection); once the database is back the same command finishes."""
+    if backend != "postgres":
+        return {"skipped": "a PostgreSQL outage: --db postgres only", "exact": None, "refusals": []}
+    db = fi.db_for(backend, work)
+    proxy = TcpProxy()
+    try:
+        cmd = fi.train_command(work, db.replace(":5432/", f":{proxy.port}/"), steps)
+        first = _start(cmd, env, work / "outage.log")
+        _wait_for(work / "runs" / "fi" / "checkpoints" / "step_000001", first)
+        back = proxy.outage(20)
+        ended = _refusal(first, work / "outage.log", "the experience database at", rc=4)
+        back.join()
+        out = _finish(_start(cmd, env, work / "resumed.log"), work, db, ref, [ended])
+    finally:
+        proxy.stop()
+    return {**out, "outage_s": 20}
+
+
+def mlflow_503(work: Path, env: dict, steps: int, ref: dict, backend: str) -> dict:
+    """An MLflow server (a real `mlflow server` on work/mlflow.db) behind a proxy answering 503 for 20 s once
+    step 1 is checkpointed: MLflow's client retries (flows/tracking.SERVER_RETRIES) and the run finishes."""
+    db = fi.db_for(backend, work)
+    port = free_port()
+    server = _start([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                     "--workers", "1", "--backend-store-uri", f"sqlite:///{work / 'mlflow.db'}",
+                     "--default-artifact-root", str(work / "mlartifacts")], env, work / "mlflow-server.log")
+    proxy = None
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/health", server)
+        proxy = FailingHttpProxy(f"http://127.0.0.1:{port}")
+        run = _start(fi.train_command(work, db, steps, mlflow_uri=proxy.url), env, work / "run.log")
+        _wait_for(work / "runs" / "fi" / "checkpoints" / "step_000001", run)
+        proxy.fail_for(20)
+        out = _finish(run, work, db, ref, [])
+        return {**out, "answered_503": proxy.answered_503, "failing_s": 20,
+                "log_tail": "" if out["winner_rc"] == 0 else (work / "run.log").read_text()[-600:]}
+    finally:
+        if proxy:
+            proxy.close()
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
 SCENARIOS = {"two_folders_one_db": two_folders_one_db, "mixed_backends": mixed_backends,
-             "fresh_starts_together": fresh_starts_together, "moved_database": moved_database}
+             "fresh_starts_together": fresh_starts_together, "moved_database": moved_database,
+             "postgres_outage": postgres_outage, "mlflow_503": mlflow_503}
 
 
 def main() -> int:
@@ -140,16 +191,11 @@ def main() -> int:
     ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     ap.add_argument("--only", nargs="*", default=None, help="scenario names (default: all that apply)")
     ap.add_argument("--work", default=None)
+    ap.add_argument("--tag", default="", help="results file fault_scenarios_<db>_<tag>.json (keeps the others)")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="fault-scenarios-"))
-    env = fi.environment(work / "prefect")
-    ref_root = work / "reference"
-    ref_root.mkdir(parents=True)
-    ref_db = fi.db_for(args.db, ref_root)
-    ref_run = fi.run_until_done(fi.train_command(ref_root, ref_db, args.steps), env, ref_root, [])
-    assert ref_run["finished"], ref_run["failures"]
-    ref = fi.final_state(ref_root, ref_db)
-    names = args.only or [n for n in SCENARIOS if not (n == "mixed_backends" and args.db == "sqlite")]
+    env, _, ref = fi.reference_run(work, args.steps, args.db)
+    names = args.only or [n for n in SCENARIOS if not (n in ("mixed_backends", "postgres_outage") and args.db == "sqlite")]
     results = {}
     for name in names:
         root = work / name
@@ -160,7 +206,7 @@ def main() -> int:
         print(f"{name}: exact={r.get('exact')} refused in one line {r.get('refused_in_one_line')}/{len(r['refusals'])} "
               f"lost/extra {r.get('rows_lost')}/{r.get('rows_extra')} dup {r.get('duplicate_points')} "
               f"orphaned {r.get('orphaned_runs')} leaked {len(r.get('leaked', []))}", flush=True)
-        save_result(f"fault_scenarios_{args.db}.json", {"db": args.db, "steps": args.steps, "scenarios": results})
+        save_result(f"fault_scenarios_{args.db}{'_' + args.tag if args.tag else ''}.json", {"db": args.db, "steps": args.steps, "scenarios": results})
     return 0
 
 

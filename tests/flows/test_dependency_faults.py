@@ -1,21 +1,22 @@
 """A service dying mid-run (issue 35, item 6) ends `exgrpo train` with one line on stderr naming it, exit
 status 4, no traceback (Prefect's task- and flow-failure records included), the run recorded failed in
-whichever of the database and MLflow still answers, and the same command resuming it."""
+whichever of the database and MLflow still answers, and the same command resuming it. An MLflow server
+answering 503 for a while is ridden out (MLflow's client retries, flows/tracking.SERVER_RETRIES); a
+PostgreSQL outage ends in the one line, and the same command resumes once the database is back."""
 
 from __future__ import annotations
 
 import errno
 import logging
+from collections import Counter
 import socket
 import subprocess
 import sys
-import threading
-import time
-import urllib.request
 
 import pytest
 from e2e_helpers import sqlite_rows
 
+from benchmarks.reliability.proxies import FailingHttpProxy, TcpProxy, wait_for_http
 from flows import cli
 from flows import train as train_flow
 
@@ -98,16 +99,10 @@ def mlflow_server(tmp_path):
                              "--default-artifact-root", str(tmp_path / "mlartifacts")],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        assert proc.poll() is None, (tmp_path / "mlflow-server.log").read_text()[-2000:]
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
-                break
-        except OSError:
-            time.sleep(1)
-    else:
-        pytest.fail("mlflow server did not answer within 120 s")
+    try:
+        wait_for_http(url + "/health", proc, timeout_s=600)  # minutes on a busy 2-core machine
+    except RuntimeError as e:
+        pytest.fail(f"{e}: {(tmp_path / 'mlflow-server.log').read_text()[-2000:]}")
     yield url, proc
     if proc.poll() is None:
         import os
@@ -139,55 +134,6 @@ def test_the_mlflow_server_killed_mid_run_is_one_line_and_the_database_says_fail
     assert sqlite_rows(tmp_path / "exp.db", "select status from runs where name='r'") == [("failed",)]
 
 
-class _Proxy:
-    """A TCP proxy to PostgreSQL that can be stopped: every connection through it is cut at once."""
-
-    def __init__(self, port: int = 5432):
-        self.target, self.socks, self.open = ("127.0.0.1", port), [], True
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while self.open:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            self.socks += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a, b):
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def stop(self):
-        self.open = False
-        try:
-            self.server.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone would not
-        except OSError:
-            pass
-        self.server.close()
-        for s in self.socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-
 def test_postgresql_gone_mid_run_is_one_line_and_mlflow_says_failed(tmp_path, prefect_server, capfd, caplog,
                                                                    monkeypatch):
     import sqlalchemy as sa
@@ -196,7 +142,7 @@ def test_postgresql_gone_mid_run_is_one_line_and_mlflow_says_failed(tmp_path, pr
     admin = sa.create_engine("postgresql+psycopg://postgres@127.0.0.1:5432/test", isolation_level="AUTOCOMMIT")
     with admin.connect() as c:
         c.execute(sa.text(f"create database {name}"))
-    proxy = _Proxy()
+    proxy = TcpProxy()
     try:
         db_url = f"postgresql+psycopg://postgres@127.0.0.1:{proxy.port}/{name}"
         mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -210,3 +156,103 @@ def test_postgresql_gone_mid_run_is_one_line_and_mlflow_says_failed(tmp_path, pr
         with admin.connect() as c:
             c.execute(sa.text(f"drop database if exists {name} with (force)"))
         admin.dispose()
+
+
+def _points(client, run_id: str) -> dict[str, Counter]:
+    """metric -> Counter of its MLflow steps (each count is the points at that step)."""
+    return {k: Counter(m.step for m in client.get_metric_history(run_id, k)) for k in client.get_run(run_id).data.metrics}
+
+
+def test_an_mlflow_server_answering_503_for_a_while_is_ridden_out_and_loses_no_point(tmp_path, prefect_server, capfd,
+                                                                                    monkeypatch, mlflow_server):
+    """503s for 15 s after the first step: MLflow's client retries (flows/tracking.SERVER_RETRIES), the run
+    finishes, and every metric has one point per step in MLflow as in the database."""
+    import mlflow
+
+    from flows.tracking import SERVER_RETRIES
+
+    url, _ = mlflow_server
+    for k in SERVER_RETRIES:
+        monkeypatch.delenv(k, raising=False)  # the defaults the run sets
+    proxy = FailingHttpProxy(url)
+    try:
+        _after_step(monkeypatch, 0, lambda: proxy.fail_for(15))
+        assert cli.main(_args(tmp_path, proxy.url, steps=3)) == 0, capfd.readouterr()[1][-3000:]
+    finally:
+        proxy.close()
+    assert proxy.answered_503 > 0
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and not [x for x in err.splitlines() if x.startswith("error")], err[-3000:]
+    client = mlflow.MlflowClient(tracking_uri=url)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "FINISHED"
+    points = _points(client, run.info.run_id)
+    assert all(set(c.values()) == {1} for c in points.values()), points  # no point twice
+    in_db = dict(sqlite_rows(tmp_path / "exp.db", "select key, count(*) from step_metrics group by key"))
+    both = set(in_db) & set(points)
+    assert "perf/log_s" in both and {k: sum(points[k].values()) for k in both} == {k: in_db[k] for k in both}
+
+
+def test_postgresql_down_for_20_s_is_one_line_and_the_same_command_resumes_when_it_is_back(
+        tmp_path, prefect_server, capfd, caplog, monkeypatch):
+    """The run's lock lives on its database connection, so an outage ends the run (one line, exit 4) rather
+    than training on without it; once the database answers again the same command finishes the run."""
+    import mlflow
+    import sqlalchemy as sa
+
+    name = f"exgrpo_depfault_{_free_port()}"
+    admin = sa.create_engine("postgresql+psycopg://postgres@127.0.0.1:5432/test", isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sa.text(f"create database {name}"))
+    proxy, outage = TcpProxy(), []
+    try:
+        db_url = f"postgresql+psycopg://postgres@127.0.0.1:{proxy.port}/{name}"
+        mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        _after_step(monkeypatch, 0, lambda: outage.append(proxy.outage(20)))
+        assert cli.main(_args(tmp_path, mlflow_uri, db_url=db_url, steps=3)) == 4
+        _one_line(capfd, caplog, f"the experience database at {db_url} stopped answering",
+                  "recorded failed in MLflow; once it answers again, rerun the same command")
+        outage[0].join()  # the database answers again
+        monkeypatch.setattr(train_flow, "PROGRESS", [])
+        assert cli.main(_args(tmp_path, mlflow_uri, db_url=db_url, steps=3)) == 0, capfd.readouterr()[1][-3000:]
+        eng = sa.create_engine(db_url)
+        with eng.connect() as c:
+            assert c.execute(sa.text("select status, step from runs where name='r'")).all() == [("finished", 2)]
+            in_db = dict(c.execute(sa.text("select key, count(*) from step_metrics group by key")).all())
+        eng.dispose()
+        client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
+        (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        assert run.info.status == "FINISHED"
+        points = _points(client, run.info.run_id)
+        assert all(set(c.values()) == {1} for c in points.values()), points
+        both = set(in_db) & set(points)
+        assert "perf/log_s" in both and {k: sum(points[k].values()) for k in both} == {k: in_db[k] for k in both}
+    finally:
+        proxy.stop()
+        with admin.connect() as c:
+            c.execute(sa.text(f"drop database if exists {name} with (force)"))
+        admin.dispose()
+
+
+def test_a_failed_state_line_is_dropped_for_its_run_exception_never_for_its_text():
+    """Prefect's "Finished in state Failed(...)" line carries no exception: it is dropped when the same task
+    run's exception record was a failed dependency, and kept for another error whose text merely names one."""
+    from sqlalchemy.exc import OperationalError
+
+    from flows.dependency_errors import quiet_dependency_faults
+
+    quiet_dependency_faults()
+    log = logging.getLogger("prefect.task_runs")
+
+    def kept(msg: str, run: str, exc: BaseException | None = None) -> bool:
+        info = (type(exc), exc, None) if exc else None
+        return bool(log.filter(log.makeRecord(log.name, logging.ERROR, __file__, 1, msg, (), info,
+                                              extra={"task_run_id": run})))
+
+    db_gone = OperationalError("select 1", {}, Exception("server closed the connection unexpectedly"))
+    user = ValueError("column OperationalError in the user's data")
+    assert not kept("Task run failed with exception: OperationalError - Retries are exhausted", "a", db_gone)
+    assert not kept("Finished in state Failed('Task run encountered an exception OperationalError: ...')", "a")
+    assert kept("Task run failed with exception: ValueError - Retries are exhausted", "b", user)
+    assert kept("Finished in state Failed('Task run encountered an exception ValueError: column "
+                "OperationalError in the user's data')", "b")
