@@ -8,7 +8,8 @@
 - **Fixed shapes** (`static_decode`): a transformers `StaticCache` sized for the batch (rows padded to a
   bucket, length rounded up), the decoder's own 4-D mask buffer, and every step the same tensors in and
   out, so on CUDA the step (forward and sampler) runs under `torch.compile(mode="reduce-overhead")`,
-  captured in a CUDA graph. Finished rows stay in the batch (fed the pad token, outputs masked); the
+  captured in a CUDA graph (one per length bucket: a step attends over the cache's first 128 x 2^k
+  positions that cover the filled ones, not the whole cache). Finished rows stay in the batch (fed the pad token, outputs masked); the
   only host sync is the end check every `check_every` steps. On the CPU the same step runs eagerly.
 - **GQA without the expanded copy** (`gqa_sdpa`): one query token's heads are grouped by their key head
   ([b, kv_heads, groups, d]) and SDPA attends over the cache as it is, with the mask. transformers' own
@@ -41,9 +42,12 @@ ATTENTION = "exgrpo_gqa_sdpa"
 
 def gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """transformers attention function: for one query token, SDPA on the key/value heads as cached (query
-    heads grouped per key head, the [b, 1, 1, L] mask broadcast); otherwise transformers' SDPA."""
+    heads grouped per key head, the [b, 1, 1, L] mask broadcast) over the first L cached positions (L the
+    mask's length: `StaticDecoder`'s length bucket); otherwise transformers' SDPA."""
     groups = getattr(module, "num_key_value_groups", 1)
     b, h, q, d = query.shape
+    if q == 1 and attention_mask is not None and attention_mask.shape[-1] < key.shape[-2]:  # a length bucket:
+        key, value = key[:, :, :attention_mask.shape[-1]], value[:, :, :attention_mask.shape[-1]]  # the keys it covers
     if groups == 1 or q != 1 or attention_mask is None or attention_mask.shape[1] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
@@ -150,6 +154,7 @@ class StaticDecoder:
     def __init__(self, compile_step: bool | None = None, length_bucket: int = 128):
         self.compile_step = compile_step  # None: on CUDA only
         self.length_bucket = length_bucket
+        self.attend_buckets = True  # a step attends over its length bucket of the cache, not all of it
         self.caches: dict = {}
         self.steps: dict = {}
 
@@ -163,6 +168,14 @@ class StaticDecoder:
         self.caches.clear()  # one batch shape at a time in memory
         self.caches[key] = (StaticCache(config=model.config, max_cache_len=length), length)
         return self.caches[key]
+
+    def span(self, filled: int, length: int) -> int:
+        """Cache positions a step with `filled` of them in use attends over: `length_bucket` x the next power
+        of two that covers them (at most `length`), so a call compiles at most log2(length / bucket) + 1 steps."""
+        if not self.attend_buckets:
+            return length
+        buckets = math.ceil(filled / self.length_bucket)
+        return min(length, self.length_bucket * (1 << max(0, buckets - 1).bit_length()))
 
     def _step(self, model, device, **sampling):
         key = (id(model), device.type, tuple(sorted(sampling.items())))
@@ -214,7 +227,7 @@ class StaticDecoder:
             u[:n] = draw_uniforms(n, device=device) if uniforms is None else uniforms[t]
             if hasattr(torch.compiler, "cudagraph_mark_step_begin"):
                 torch.compiler.cudagraph_mark_step_begin()
-            new, logp, ent = step(tok, p, att, cache, u)
+            new, logp, ent = step(tok, p, att[..., :self.span(w + t, length)], cache, u)  # positions 0 .. w-1+t
             new = torch.where(running, new, pad_id)
             tokens[:, t] = new[:n]
             if scores:

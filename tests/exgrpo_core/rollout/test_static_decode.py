@@ -180,6 +180,34 @@ def test_a_shorter_call_reuses_the_longer_cache_and_samples_alike(engine):
     assert [g.response_ids for g in static] == [g.response_ids for g in eager]
 
 
+def test_a_step_attends_over_its_length_bucket_only(engine):
+    """A 140-token call (cache 256 long): the steps while at most 128 positions are filled read 128 cached
+    keys, later ones 256 (one compiled graph per bucket on CUDA); the eager decoder's tokens either way."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class KeyLengths(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "scaled_dot_product" in func.overloadpacket.__name__ and args[0].shape[1:3] == (2, 2):
+                self.seen.append(args[1].shape[2])  # a grouped decode query [b, 2, 2, d]: the keys it reads
+            return func(*args, **(kwargs or {}))
+
+    engine.static.caches.clear()
+    with KeyLengths() as keys:
+        static, _ = _run(engine, "static", 3, max_new_tokens=140)
+    eager, _ = _run(engine, "eager", 3, max_new_tokens=140)
+    assert [g.response_ids for g in static] == [g.response_ids for g in eager]
+    w = max(len(engine.tokenizer(t)["input_ids"]) for t in TEXTS)
+    steps = len(keys.seen) // 2  # 2 layers
+    assert steps > 128 - w + 1, steps  # some row runs past 128 filled positions
+    assert keys.seen == [128 if w + t <= 128 else 256 for t in range(steps) for _ in range(2)]
+    assert engine.static.span(1, 2048) == 128 and engine.static.span(300, 2048) == 512
+    assert engine.static.span(300, 384) == 384
+
+
 def test_sampling_path_choice(engine):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert engine.sampling_path(cpu) == "eager" and engine.sampling_path(cuda) == "static"
