@@ -83,6 +83,8 @@ def write_sweep_report(results: list[dict], out_dir: Path, name: str, meta: dict
     if tuned:
         notes = meta["notes"]
         meta = {**meta, "tuned": tuned["analysis"], "notes": [*notes[:1], "", *tuned["markdown"], "", *notes[1:]]}
+    elif why := tuned_report.why_no_section(done, meta["grid"]):  # arms x rates, but not computable: say why
+        meta = {**meta, "notes": [*meta["notes"][:1], "", why, "", *meta["notes"][1:]]}
     return report.write_report(results, out_dir, name, meta, prefix="sweep")
 
 

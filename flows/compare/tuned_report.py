@@ -145,6 +145,25 @@ def markdown(res: dict) -> list[str]:
     return md
 
 
+def why_no_section(rows: list[dict], grid: list[str]) -> str | None:
+    """The sentence a sweep whose grid is arms x rates shows when the tuned-per-arm comparison cannot be
+    computed (no held-out area at all, or fewer than 2 seeds with one in every cell); None otherwise."""
+    lay = layout(grid)
+    if lay is None or matrices(rows, grid) is not None:
+        return None
+    arms, rates, where = lay
+    cells = {cell: set() for cell in where.values()}
+    for r in rows:
+        if r.get("seed") != "mean" and r.get("arm") in where and not math.isnan(r.get("heldout_auc", math.nan)):
+            cells[where[r["arm"]]].add(r["seed"])
+    if not any(cells.values()):
+        return ("No tuned-per-arm comparison: no run has a held-out area (it needs eval.suites and two evaluations "
+                "per run: eval.at_start or eval.every).")
+    complete = set.intersection(*cells.values())
+    return (f"No tuned-per-arm comparison: {len(complete)} seed(s) with a held-out area in every (arm, rate) cell "
+            f"{sorted(complete)}; it needs 2.")
+
+
 def section(rows: list[dict], grid: list[str], resamples: int = tuned.RESAMPLES) -> dict | None:
     """{analysis, markdown} for a sweep's finished rows, or None when the grid is not arms x rates x seeds."""
     m = matrices(rows, grid)

@@ -151,3 +151,16 @@ def test_an_empty_held_out_plot_says_why(tmp_path, monkeypatch):
     report.plot(results, tmp_path, "t")
     assert said == ["no held-out pass@1 recorded (no held-out evaluation: eval.suites / eval.final)"]
     store.close()
+
+
+def test_a_sweep_says_why_it_has_no_tuned_per_arm_comparison():
+    from flows.compare import tuned_report
+
+    grid = ["arm=on_policy,exgrpo", "train.lr=1e-5,1e-4"]
+    labels = [f"{a} train.lr={x}" for a in ("arm=on_policy", "arm=exgrpo") for x in ("1e-5", "1e-4")]
+    no_area = [{"arm": label, "seed": s, "heldout_auc": NAN} for label in labels for s in (0, 1)]
+    assert tuned_report.why_no_section(no_area, grid).startswith("No tuned-per-arm comparison: no run has a held-out area")
+    one_seed = [{"arm": label, "seed": s, "heldout_auc": 0.3} for label in labels for s in (0, 1)][:-1]  # a cell lacks seed 1
+    assert tuned_report.why_no_section(one_seed, grid) == ("No tuned-per-arm comparison: 1 seed(s) with a held-out "
+                                                           "area in every (arm, rate) cell [0]; it needs 2.")
+    assert tuned_report.why_no_section(one_seed, ["train.lr=1e-5,1e-4"]) is None  # not arms x rates: nothing to say
