@@ -86,19 +86,25 @@ def minibatch_rows(question_index: list[int], n_minibatches: int) -> list[list[i
     return [rows for rows in out if rows]
 
 
-def micro_batch_rows(batch: TrainBatch, size: int, max_tokens: int | None = None,
-                     by_response: bool = False) -> list[list[int]]:
+def micro_batch_rows(batch: TrainBatch | None, size: int, max_tokens: int | None = None,
+                     by_response: bool = False, spans: list[tuple] | None = None) -> list[list[int]]:
     """Rows in micro-batches of at most `size` rows and `max_tokens` padded tokens, shortest first.
 
     Exact: a mini-batch's loss is a sum over its micro-batches with a shared denominator, so the
     grouping only changes float rounding. Rows are ordered by length (by response length when
     `by_response`: rows whose prompts run apart pad only their responses), so each micro-batch pads
     little; a row longer than `max_tokens` goes alone. Example: lengths [9, 3, 8, 2], size 2
-    -> [[3, 1], [2, 0]]; with max_tokens 10 -> [[3, 1], [2], [0]].
+    -> [[3, 1], [2, 0]]; with max_tokens 10 -> [[3, 1], [2], [0]]. `spans`: the rows' `packing.row_spans`,
+    known on the host (the batch is then not read).
     """
-    lengths = batch.attention_mask.sum(-1)
-    order = torch.argsort(batch.response_mask.sum(-1) if by_response else lengths, stable=True).tolist()
-    lengths = lengths.tolist()
+    if spans is None:
+        lengths = batch.attention_mask.sum(-1)
+        order = torch.argsort(batch.response_mask.sum(-1) if by_response else lengths, stable=True).tolist()
+        lengths = lengths.tolist()
+    else:
+        lengths = [s[1] for s in spans]
+        keys = [s[3] for s in spans] if by_response else lengths
+        order = sorted(range(len(spans)), key=keys.__getitem__)  # stable, as argsort(stable=True)
     out: list[list[int]] = []
     widest = 0
     for i in order:

@@ -213,18 +213,21 @@ def scored_prompts(ids: torch.Tensor, am: torch.Tensor, rows: torch.Tensor, cols
 
 def batch_prompts(ids: torch.Tensor, am: torch.Tensor, score_mask: torch.Tensor) -> list[tuple | None]:
     """Each row's prompt as `shared_prompt_logits` sees it (real tokens before the column that
-    predicts its first scored token); None for a row with nothing scored."""
-    valid = (am[:, 1:] != 0) & (am[:, :-1] != 0) & (score_mask[:, 1:] != 0)
-    rows, cols = torch.nonzero(valid, as_tuple=True)
-    used, _, prompts = scored_prompts(ids, am, rows, cols)
-    out: list[tuple | None] = [None] * ids.shape[0]
-    for r, p in zip(used.tolist(), prompts):
-        out[r] = p
+    predicts its first scored token); None for a row with nothing scored. One host transfer."""
+    n, width = ids.shape
+    valid = (am[:, 1:] != 0) & (am[:, :-1] != 0) & (score_mask[:, 1:] != 0)  # [n, width-1]
+    c0 = torch.where(valid.any(-1), valid.int().argmax(-1), width)  # [n]: first scored column (width: none)
+    host = torch.cat([ids.long(), (am != 0).long(), c0[:, None].long()], 1).tolist()  # [n, 2 width + 1]
+    out: list[tuple | None] = []
+    for row in host:
+        c = row[-1]
+        out.append(tuple(t for t, real in zip(row[:c], row[width:width + c]) if real) if c < width else None)
     return out
 
 
 def shared_prompt_logits(model, ids: torch.Tensor, am: torch.Tensor, rows: torch.Tensor,
-                         cols: torch.Tensor, prompts: PromptKV | None = None) -> torch.Tensor | None:
+                         cols: torch.Tensor, prompts: PromptKV | None = None,
+                         host: tuple[list[int], list[int], list[int], list[tuple]] | None = None) -> torch.Tensor | None:
     """[M, V] logits at the scored positions, column cols[i] of row rows[i] of `ids` [n, l] (it predicts
     token cols[i] + 1), each distinct prompt's cache computed once (`prompt_kv`, or taken from
     `prompts` when it holds every row's prompt); None when nothing is shared.
@@ -232,17 +235,26 @@ def shared_prompt_logits(model, ids: torch.Tensor, am: torch.Tensor, rows: torch
     A row's prompt is its real tokens before its first scored column; the row's part from that column
     to its last scored column is its continuation, right-padded into a batch that attends to its prompt's
     copied cache; position ids count real tokens, as a single padded row would.
+    `host`: (used rows ascending, their first and one-past-last scored columns, their prompts) when the
+    caller knows them: then nothing is read back from the device.
     """
-    used, c0, row_prompts = scored_prompts(ids, am, rows, cols)
+    if host is None:
+        used, c0, row_prompts = scored_prompts(ids, am, rows, cols)
+        end = torch.zeros_like(c0).scatter_reduce_(0, rows, cols + 1, reduce="amax")  # one past the last scored
+        starts, ends = c0[used], end[used]  # a row's last token predicts nothing: it is not run
+        span = int((ends - starts).max())
+    else:
+        used_at, first_at, end_at, row_prompts = host
+        span = max(e - f for f, e in zip(first_at, end_at))
+        used, starts, ends = (torch.tensor(x, dtype=torch.long).to(ids.device, non_blocking=True)
+                              for x in (used_at, first_at, end_at))
+        c0 = torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long, device=ids.device).index_put((used,), starts)
     if prompts is None or any(p not in prompts.slots for p in row_prompts):
         prompts = prompt_kv(model, row_prompts, ids.device)
     if prompts is None:
         return None
     which = torch.tensor([prompts.slots[p] for p in row_prompts], device=ids.device)  # used row -> prompt
     cache = prompts.rows(which)  # [m, ...]: a differentiable gather
-    end = torch.zeros_like(c0).scatter_reduce_(0, rows, cols + 1, reduce="amax")  # one past the last scored
-    starts, ends = c0[used], end[used]  # a row's last token predicts nothing: it is not run
-    span = int((ends - starts).max())
     grid = starts[:, None] + torch.arange(span, device=ids.device)[None, :]  # [m, C] source columns
     inside = grid < ends[:, None]
     cont_ids = torch.where(inside, ids[used].gather(1, grid.clamp(max=ids.shape[1] - 1)), 0)

@@ -57,12 +57,15 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
         optimizer.zero_grad(set_to_none=True)
         part = select_rows(mini, share_rows(mini, rank, world)) if world > 1 else mini
         spans = packing.row_spans(part)  # the rows' extents, read once for the whole mini-batch
+        row_prompts = None  # (prompt sharing) each row's prompt, read once for the whole mini-batch
         if pack:
             micros = [(rows, None) for rows in packing.micro_batches([n for _, n, _, _ in spans], micro_batch_size,
                                                                      micro_batch_tokens)]
         else:
+            row_prompts = (batch_prompts(part.input_ids, part.attention_mask, part.response_mask)
+                           if share_prompts and not sharded and can_share_prompts(model) else None)
             micros = _micro_plan(model, part, micro_batch_size, micro_batch_tokens, share_prompts and not sharded,
-                                 regroup=aggregation != "micro_sum_norm")
+                                 regroup=aggregation != "micro_sum_norm", spans=spans, prompts=row_prompts)
         if aggregation == "micro_sum_norm":  # (code) entropy / KL means over the authors' micro-batches, not ours
             micro_denom = losses.micro_sum_norm_denominators(part.response_mask[:0], max_response_len, world)[0]
             mean_denom = losses.virtual_micro_denominator(int(part.response_mask.sum()),
@@ -75,7 +78,7 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
                 if group_prompts is not None:  # a group's first micro-batch: its prompts run once
                     kv = prompt_kv(model, group_prompts, part.input_ids.device)
                     kv = kv.detached() if kv is not None else None
-                packed = None
+                packed = host = None
                 if micro_rows is None:
                     micro = select_rows(mini, [0])
                 elif pack:
@@ -83,11 +86,13 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
                     micro = select_rows(part, micro_rows, width=packed.width)
                 else:
                     micro = select_rows(part, micro_rows, width=max(spans[r][1] for r in micro_rows))
+                    host = policy.HostRows([spans[r] for r in micro_rows],
+                                           [row_prompts[r] for r in micro_rows] if row_prompts else None)
                 if aggregation == "micro_sum_norm":  # (code) each micro-batch its own, averaged over ranks
                     denom = micro_denom
                 loss, stats = _micro_loss(model, micro, denom, onpolicy_term, replay_term,
                                           entropy_coef, kl_coef, ref_model, micro_batch_size, temperature,
-                                          share_prompts, mean_denom, kv, packed)
+                                          share_prompts, mean_denom, kv, packed, host)
                 if sharded:  # every pass reduce-scatters into the sharded gradient (no whole fp32 copy
                     loss = loss * world  # held between passes); FSDP2 averages over processes, we want the sum
                 if sharded and hasattr(model, "set_requires_all_reduce"):  # HSDP: gradients cross machines
@@ -143,24 +148,28 @@ def _read_back(sums: dict, maxes: dict) -> tuple[dict[str, float], dict[str, flo
     return defaultdict(float, {k: got[k] for k in sums}), {k: got[k] for k in maxes}
 
 
-def _micro_plan(model, part: TrainBatch, size: int, max_tokens: int | None,
-                share: bool, regroup: bool = True) -> list[tuple[list[int] | None, list[tuple] | None]]:
+def _micro_plan(model, part: TrainBatch, size: int, max_tokens: int | None, share: bool, regroup: bool = True,
+                spans: list[tuple] | None = None,
+                prompts: list[tuple | None] | None = None) -> list[tuple[list[int] | None, list[tuple] | None]]:
     """Micro-batches as (rows, prompts): with prompt sharing, rows in groups of at most `size`
     distinct prompts (`batch.prompt_groups`: one group for cpu-demo's 8 questions), each cut into
     micro-batches in response-length order; the first micro-batch of a group carries the group's prompts, which
     then run once for all its micro-batches. Without sharing, or when the groups would change which
     rows go together and `regroup` is off (micro_sum_norm: each micro-batch has its own denominator),
-    `micro_batch_rows` of the whole part."""
+    `micro_batch_rows` of the whole part. `spans` / `prompts`: the part's `packing.row_spans` and
+    `batch_prompts`, when the caller has them (nothing is then read back here)."""
+    spans = spans if spans is not None else packing.row_spans(part)
     if not (share and can_share_prompts(model)):
-        return [(rows, None) for rows in micro_batch_rows(part, size, max_tokens)]
-    prompts = batch_prompts(part.input_ids, part.attention_mask, part.response_mask)
+        return [(rows, None) for rows in micro_batch_rows(part, size, max_tokens, spans=spans)]
+    if prompts is None:
+        prompts = batch_prompts(part.input_ids, part.attention_mask, part.response_mask)
     groups = prompt_groups(prompts, size, max_tokens)
     if len(groups) > 1 and not regroup:
-        return [(rows, None) for rows in micro_batch_rows(part, size, max_tokens)]
+        return [(rows, None) for rows in micro_batch_rows(part, size, max_tokens, spans=spans)]
     plan = []
     for group in groups:
-        sub = select_rows(part, group)
-        for j, rows in enumerate(micro_batch_rows(sub, size, max_tokens, by_response=True)):
+        sub = [spans[r] for r in group]
+        for j, rows in enumerate(micro_batch_rows(None, size, max_tokens, by_response=True, spans=sub)):
             plan.append(([group[r] for r in rows], [prompts[r] for r in group if prompts[r]] if j == 0 else None))
     return plan
 
@@ -181,9 +190,10 @@ _ADDITIVE = ("loss/total", "loss/onpolicy", "loss/offpolicy", "loss/entropy", "l
 
 def _micro_loss(model, micro: TrainBatch, denom, onpolicy_term, replay_term, entropy_coef,
                 kl_coef, ref_model, micro_batch_size, temperature, share_prompts=True, mean_denom=None,
-                prompts=None, packed=None):
+                prompts=None, packed=None, host=None):
     """Forward one micro-batch and build the mixed-policy loss (ExGRPO Eq. 4, code weighting); stats as
-    0-d tensors. `packed`: the micro-batch's `packing.Packed` indices (padding-free forward)."""
+    0-d tensors. `packed`: the micro-batch's `packing.Packed` indices (padding-free forward); `host`: its
+    `policy.HostRows` (padded forward without host syncs)."""
     def score(m, with_entropy):
         if packed is not None:
             return packing.packed_logprobs_and_entropy(m, micro.input_ids, packed, with_entropy=with_entropy,
@@ -191,7 +201,7 @@ def _micro_loss(model, micro: TrainBatch, denom, onpolicy_term, replay_term, ent
         return policy.token_logprobs_and_entropy(
             m, micro.input_ids, micro.attention_mask, micro_batch_size=micro_batch_size, with_entropy=with_entropy,
             temperature=temperature, score_mask=micro.response_mask, share_prompts=share_prompts,
-            prompts=prompts if m is model else None)
+            prompts=prompts if m is model else None, host=host)
 
     logp, ent = score(model, entropy_coef > 0)
     ref_logp = None

@@ -23,10 +23,22 @@ ATTENTION = "exgrpo_packed"
 
 def row_spans(batch) -> list[tuple[int, int, int, int]]:
     """(first real column, real tokens, first response column, response tokens) of every row, read in one
-    host transfer. Rows must be one contiguous run of real tokens (`policy._check_inputs`)."""
+    host transfer. Each mask must be one contiguous run per row (left or right padding): else
+    `policy.PolicyInputError`."""
     am, rm = batch.attention_mask != 0, batch.response_mask != 0
-    stacked = torch.stack([am.int().argmax(-1), am.sum(-1), rm.int().argmax(-1), rm.sum(-1)], dim=1)
-    return [tuple(r) for r in stacked.tolist()]
+    width = am.shape[-1]
+
+    def extent(m):  # first True column, count, last True column (+1)
+        return [m.int().argmax(-1), m.sum(-1), width - m.flip(-1).int().argmax(-1)]
+
+    got = torch.stack(extent(am) + extent(rm), dim=1).tolist()  # [n, 6]
+    for row, (f, n, end, rf, rn, rend) in enumerate(got):
+        if (n and end - f != n) or (rn and rend - rf != rn):
+            from exgrpo_core.training.policy import PolicyInputError
+
+            raise PolicyInputError(f"row {row}: its attention or response mask has holes; only left or right "
+                                   "padding (one contiguous run of real tokens) is supported")
+    return [(f, n, rf, rn) for f, n, _, rf, rn, _ in got]
 
 
 @dataclass
@@ -114,30 +126,42 @@ def _varlen():
     return varlen_attn
 
 
+UNMASKED = "exgrpo_sdpa_unmasked"
+"""transformers' own SDPA attention under a name without a mask function: the model then builds no mask
+and passes the one it is given (4-D, or None: causal) as it is (`policy._host_mask`)."""
+
+
 def _register() -> None:
     from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     AttentionInterface.register(ATTENTION, packed_attention_forward)
+    AttentionInterface.register(UNMASKED, sdpa_attention_forward)
 
 
 _register()
 
 
 @contextlib.contextmanager
-def packed_attention(model):
-    """While active, the model's attention layers run `packed_attention_forward` (and build no mask).
-    The backward of a packed forward must run inside it too: gradient checkpointing recomputes layers there."""
+def attention_as(model, name: str):
+    """While active, the model's attention layers run the attention function registered as `name`."""
     inner = getattr(model, "module", model)
     configs = [m.config for m in inner.modules() if hasattr(m, "config") and hasattr(m.config, "_attn_implementation")]
     configs = list({id(c): c for c in configs}.values())
     saved = [c._attn_implementation for c in configs]
     for c in configs:
-        c._attn_implementation = ATTENTION
+        c._attn_implementation = name
     try:
         yield
     finally:
         for c, name in zip(configs, saved):
             c._attn_implementation = name
+
+
+def packed_attention(model):
+    """While active, the model's attention layers run `packed_attention_forward` (and build no mask).
+    The backward of a packed forward must run inside it too: gradient checkpointing recomputes layers there."""
+    return attention_as(model, ATTENTION)
 
 
 def packed_logprobs_and_entropy(model, ids: torch.Tensor, p: Packed, *, with_entropy: bool, temperature: float = 1.0,

@@ -8,10 +8,13 @@ padding in that mean, which biases it toward short trajectories. No optimiser, n
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from exgrpo_core.training import fsdp
+from exgrpo_core.training import fsdp, packing
 from exgrpo_core.training.forward_parts import (PromptKV, batch_prompts, can_share_prompts, head_at, prompt_kv,
                                                 shared_prompt_logits, takes_logits_to_keep)
 
@@ -20,7 +23,59 @@ class PolicyInputError(ValueError):
     """Inputs the forward pass cannot score (shape mismatch, holes in the attention mask, ...)."""
 
 
-def _check_inputs(input_ids, attention_mask, micro_batch_size, temperature, chunk_positions) -> None:
+@dataclass
+class HostRows:
+    """What the host knows of a batch's rows before their forward, so that none is read back from the
+    device there: each row's `packing.row_spans` (first real column, real tokens, first scored column,
+    scored tokens: the score mask's span) and, with prompt sharing, its prompt (`forward_parts.batch_prompts`).
+    `optimise` reads them once per mini-batch."""
+
+    spans: list[tuple[int, int, int, int]]
+    prompts: list[tuple | None] | None = None
+
+
+def _host_plan(spans: list[tuple[int, int, int, int]]):
+    """`_micro_forward`'s indices from the rows' spans, on the host: (lo, hi) the real columns, `first`
+    the first logit column needed (in [lo, hi) coordinates), (rows, pos) the scored positions in
+    row-major order (as `torch.nonzero`), and per row with a scored position its first and one-past-last
+    predicting column. None when fewer than two columns are real."""
+    real = [(f, n) for f, n, _, _ in spans if n]
+    lo = min((f for f, _ in real), default=0)
+    hi = max((f + n for f, n in real), default=0)
+    if hi - lo < 2:
+        return None
+    ranges = [(max(f + 1, rs), min(f + n, rs + rn)) if n and rn else (0, 0) for f, n, rs, rn in spans]
+    ranges = [(a - lo - 1, b - lo - 1) if a < b else None for a, b in ranges]  # predicting columns [a, b)
+    first = min((a for a, _ in filter(None, ranges)), default=hi - lo - 2)
+    rows, pos, used = [], [], []
+    for i, r in enumerate(ranges):
+        if r is not None:
+            rows.extend([i] * (r[1] - r[0]))
+            pos.extend(range(r[0] - first, r[1] - first))
+            used.append((i, r[0], r[1]))
+    return lo, hi, first, rows, pos, used
+
+
+def _host_mask(model, am: torch.Tensor, spans, lo: int, hi: int):
+    """(attention mask, attention name) to pass for `am` [n, l] when the rows' spans are known. For
+    transformers' SDPA attention on full-attention layers: no mask when no row is padded, else the 4-D
+    boolean mask it would build (causal, real keys), under a name that builds no mask (`packing.UNMASKED`),
+    so the model reads nothing back to decide (`masking_utils._ignore_causal_mask_sdpa`,
+    `find_packed_sequence_indices`); the same mask and kernel as from `am`. Otherwise (`am`, None)."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return am, None
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()) or (
+            getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)):
+        return am, None
+    if all(f == lo and f + n == hi for f, n, _, _ in spans):
+        return None, packing.UNMASKED
+    causal = torch.ones(hi - lo, hi - lo, dtype=torch.bool, device=am.device).tril()  # [l, l]: key <= query
+    return causal[None, None] & (am != 0)[:, None, None, :], packing.UNMASKED  # [n, 1, l, l]
+
+
+def _check_inputs(input_ids, attention_mask, micro_batch_size, temperature, chunk_positions,
+                  contiguous_known: bool = False) -> None:
     if input_ids.dim() != 2 or tuple(attention_mask.shape) != tuple(input_ids.shape):
         raise PolicyInputError(f"input_ids and attention_mask must both be [N, L], got "
                                f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}")
@@ -29,6 +84,8 @@ def _check_inputs(input_ids, attention_mask, micro_batch_size, temperature, chun
                                f"{micro_batch_size} and {chunk_positions}")
     if not temperature > 0:
         raise PolicyInputError(f"temperature must be > 0, got {temperature}")
+    if contiguous_known:  # the caller's `packing.row_spans` checked the rows
+        return
     m = (attention_mask != 0).int()
     starts = (m[:, :1] + (m[:, 1:] - m[:, :-1]).clamp(min=0).sum(-1, keepdim=True)).squeeze(-1)  # [N]
     if (starts > 1).any():
@@ -82,8 +139,8 @@ class _LogpEntropy(torch.autograd.Function):
 
 def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: bool, temperature: float,
                    chunk_positions: int, want: torch.Tensor | None,
-                   share_prompts: bool = True,
-                   prompts: PromptKV | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   share_prompts: bool = True, prompts: PromptKV | None = None,
+                   host: HostRows | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Score one micro-batch [n, L]; columns that are padding in every row are skipped.
 
     Only positions that are scored (real, not a row's first token, and in `want` when given) reach the
@@ -91,31 +148,45 @@ def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: boo
     otherwise logits start at the first such column through `logits_to_keep`, when the model takes it)
     and the softmax runs over those positions only, `chunk_positions` at a time across all rows. Rows
     that share a prompt run it once (`forward_parts.shared_prompt_logits`, on `prompts` when given)
-    when `share_prompts`.
+    when `share_prompts`. `host`: the rows' spans (and prompts) known on the host, which then give every
+    index without a host sync (the same indices: the same values).
     """
     n, width = ids.shape
-    cols = torch.nonzero(am.any(dim=0)).flatten()
-    if cols.numel() < 2:  # nothing is predicted from a single column
+    plan = _host_plan(host.spans) if host is not None else None
+    if host is None:
+        cols = torch.nonzero(am.any(dim=0)).flatten()
+    if (plan is None) if host is not None else cols.numel() < 2:  # nothing is predicted from a single column
         zeros = torch.zeros(n, width, device=ids.device)
         return zeros, (zeros.clone() if with_entropy else None)
-    lo, hi = int(cols[0]), int(cols[-1]) + 1
-    ids, am = ids[:, lo:hi], am[:, lo:hi]  # [n, l]
-    valid = (am[:, 1:] != 0) & (am[:, :-1] != 0)  # [n, l-1]; a row's first real token is not predicted
-    if want is not None:
-        valid = valid & (want[:, lo + 1:hi] != 0)
-    targets_at = torch.nonzero(valid.any(dim=0)).flatten()
-    first = int(targets_at[0]) if targets_at.numel() else hi - lo - 2  # first logit column needed
-    rows, pos = torch.nonzero(valid[:, first:], as_tuple=True)  # [M] each: the scored positions
+    shared = None
+    if host is not None:
+        lo, hi, first, rows, pos, used = plan
+        ids, am = ids[:, lo:hi], am[:, lo:hi]  # [n, l]
+        rows, pos = (torch.tensor(x, dtype=torch.long).to(ids.device, non_blocking=True) for x in (rows, pos))
+        if host.prompts is not None and used:
+            shared = ([i for i, _, _ in used], [a for _, a, _ in used], [b for _, _, b in used],
+                      [host.prompts[i] for i, _, _ in used])
+    else:
+        lo, hi = int(cols[0]), int(cols[-1]) + 1
+        ids, am = ids[:, lo:hi], am[:, lo:hi]  # [n, l]
+        valid = (am[:, 1:] != 0) & (am[:, :-1] != 0)  # [n, l-1]; a row's first real token is not predicted
+        if want is not None:
+            valid = valid & (want[:, lo + 1:hi] != 0)
+        targets_at = torch.nonzero(valid.any(dim=0)).flatten()
+        first = int(targets_at[0]) if targets_at.numel() else hi - lo - 2  # first logit column needed
+        rows, pos = torch.nonzero(valid[:, first:], as_tuple=True)  # [M] each: the scored positions
     targets = ids[rows, first + pos + 1]  # [M]
-    flat = (shared_prompt_logits(model, ids, am, rows, first + pos, prompts)
+    flat = (shared_prompt_logits(model, ids, am, rows, first + pos, prompts, shared)
             if share_prompts and rows.numel() and can_share_prompts(model) else None)  # [M, V] or None
     if flat is None:
         position_ids = (am.long().cumsum(-1) - 1).clamp(min=0)  # [n, l]; real tokens count from 0
         with head_at(model, rows, first + pos, (n, hi - lo)) as tap:
             keep = not tap.armed and takes_logits_to_keep(model)  # the hook wants the full [n, l, H] states
             kwargs = {"logits_to_keep": hi - lo - first} if keep else {}
-            logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids, use_cache=False,
-                           **kwargs).logits  # [1, M, V] through the head hook, else [n, l - first, V] (or [n, l, V])
+            mask, name = _host_mask(model, am, host.spans, lo, hi) if host is not None else (am, None)
+            with packing.attention_as(model, name) if name else contextlib.nullcontext():
+                logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False,
+                               **kwargs).logits  # [1, M, V] through the head hook, else [n, l - first, V] (or [n, l, V])
         if tap.hit:
             flat = logits[0]
         else:
@@ -126,13 +197,13 @@ def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: boo
             return flat[s:s + chunk_positions]
         return logits[rows[s:s + chunk_positions], pos[s:s + chunk_positions]]
 
-    valid = valid[:, first:]  # [n, l-1-first]
+    shape = (n, hi - lo - 1 - first)  # [n, l-1-first]: the scored columns onward
     pieces = [_block_scores(block(s), targets[s:s + chunk_positions], temperature, with_entropy)
               for s in range(0, rows.numel(), chunk_positions)]
     pad = (lo + 1 + first, width - hi)
 
     def place(values: list[torch.Tensor]) -> torch.Tensor:
-        x = torch.zeros(valid.shape, dtype=torch.float32, device=ids.device)  # [n, l-1-first]
+        x = torch.zeros(shape, dtype=torch.float32, device=ids.device)  # [n, l-1-first]
         if values:
             x = x.index_put((rows, pos), torch.cat(values))
         else:  # nothing scored: zeros that still reach the graph, so backward() works
@@ -145,8 +216,8 @@ def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: boo
 def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                                micro_batch_size: int, with_entropy: bool = True, temperature: float = 1.0,
                                chunk_positions: int = 1024, score_mask: torch.Tensor | None = None,
-                               share_prompts: bool = True,
-                               prompts: PromptKV | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                               share_prompts: bool = True, prompts: PromptKV | None = None,
+                               host: HostRows | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log pi(x_t | x_<t) and entropy H_t = -sum_v pi(v | x_<t) log pi(v | x_<t) (docs/implementation_details.md).
 
     Runs under the caller's grad mode (with grad for the loss, `torch.no_grad()` for selection).
@@ -170,16 +241,19 @@ def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: t
             there are at most `micro_batch_size` distinct ones.
         prompts: the caches of the rows' prompts, computed by the caller (`optimise` runs a
             mini-batch's prompts once for all its micro-batches); rows whose prompt it lacks share locally.
+        host: `HostRows` of the rows (spans of the attention mask and of `score_mask`), read once by the
+            caller: no host sync here. Used when the rows fit one micro-batch.
 
     Returns:
         logp [N, L] float32 and entropy [N, L] float32 (or None); 0 at padding, at each row's
         first real token and outside `score_mask`.
     """
-    _check_inputs(input_ids, attention_mask, micro_batch_size, temperature, chunk_positions)
+    n = input_ids.shape[0]
+    host = host if host is not None and n <= micro_batch_size and len(host.spans) == n else None
+    _check_inputs(input_ids, attention_mask, micro_batch_size, temperature, chunk_positions, host is not None)
     if score_mask is not None and tuple(score_mask.shape) != tuple(input_ids.shape):
         raise PolicyInputError(f"score_mask must be [N, L] = {tuple(input_ids.shape)}, got {tuple(score_mask.shape)}")
     device = fsdp.compute_device(model)
-    n = input_ids.shape[0]
     if n == 0:
         empty = torch.zeros(0, input_ids.shape[1], device=device)
         return empty, (empty.clone() if with_entropy else None)
@@ -196,7 +270,7 @@ def token_logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: t
         rows = order[start:start + micro_batch_size]
         want = score_mask[rows].to(device) if score_mask is not None else None
         lp, h = _micro_forward(model, input_ids[rows].to(device), attention_mask[rows].to(device),
-                               with_entropy, temperature, chunk_positions, want, share_prompts, prompts)
+                               with_entropy, temperature, chunk_positions, want, share_prompts, prompts, host)
         logps.append(lp)
         ents.append(h)
     back = torch.argsort(order).to(device)  # [N]: position of each input row in the sorted output
