@@ -50,6 +50,37 @@ def head_at(model, rows: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int
         handle.remove()
 
 
+UNMASKED = "exgrpo_sdpa_unmasked"
+"""transformers' own SDPA attention under a name without a mask function: the model then builds no mask
+and passes the one it is given (4-D, or None: causal) as it is (`policy._host_mask`)."""
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register(UNMASKED, sdpa_attention_forward)
+
+
+_register()
+
+
+@contextlib.contextmanager
+def attention_as(model, name: str):
+    """While active, the model's attention layers run the attention function registered as `name`."""
+    inner = getattr(model, "module", model)
+    configs = [m.config for m in inner.modules() if hasattr(m, "config") and hasattr(m.config, "_attn_implementation")]
+    configs = list({id(c): c for c in configs}.values())
+    saved = [c._attn_implementation for c in configs]
+    for c in configs:
+        c._attn_implementation = name
+    try:
+        yield
+    finally:
+        for c, was in zip(configs, saved):
+            c._attn_implementation = was
+
+
 def output_head(model):
     inner = getattr(model, "module", model)
     get = getattr(inner, "get_output_embeddings", None)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from exgrpo_core.training import fsdp, packing
-from exgrpo_core.training.forward_parts import (PromptKV, batch_prompts, can_share_prompts, head_at, prompt_kv,
-                                                shared_prompt_logits, takes_logits_to_keep)
+from exgrpo_core.training import fsdp
+from exgrpo_core.training.forward_parts import (UNMASKED, PromptKV, attention_as, batch_prompts, can_share_prompts,
+                                                head_at, prompt_kv, shared_prompt_logits, takes_logits_to_keep)
 
 
 class PolicyInputError(ValueError):
@@ -59,7 +59,7 @@ def _host_plan(spans: list[tuple[int, int, int, int]]):
 def _host_mask(model, am: torch.Tensor, spans, lo: int, hi: int):
     """(attention mask, attention name) to pass for `am` [n, l] when the rows' spans are known. For
     transformers' SDPA attention on full-attention layers: no mask when no row is padded, else the 4-D
-    boolean mask it would build (causal, real keys), under a name that builds no mask (`packing.UNMASKED`),
+    boolean mask it would build (causal, real keys), under a name that builds no mask (`forward_parts.UNMASKED`),
     so the model reads nothing back to decide (`masking_utils._ignore_causal_mask_sdpa`,
     `find_packed_sequence_indices`); the same mask and kernel as from `am`. Otherwise (`am`, None)."""
     config = getattr(getattr(model, "module", model), "config", None)
@@ -69,9 +69,9 @@ def _host_mask(model, am: torch.Tensor, spans, lo: int, hi: int):
             getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)):
         return am, None
     if all(f == lo and f + n == hi for f, n, _, _ in spans):
-        return None, packing.UNMASKED
+        return None, UNMASKED
     causal = torch.ones(hi - lo, hi - lo, dtype=torch.bool, device=am.device).tril()  # [l, l]: key <= query
-    return causal[None, None] & (am != 0)[:, None, None, :], packing.UNMASKED  # [n, 1, l, l]
+    return causal[None, None] & (am != 0)[:, None, None, :], UNMASKED  # [n, 1, l, l]
 
 
 def _check_inputs(input_ids, attention_mask, micro_batch_size, temperature, chunk_positions,
@@ -184,7 +184,7 @@ def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: boo
             keep = not tap.armed and takes_logits_to_keep(model)  # the hook wants the full [n, l, H] states
             kwargs = {"logits_to_keep": hi - lo - first} if keep else {}
             mask, name = _host_mask(model, am, host.spans, lo, hi) if host is not None else (am, None)
-            with packing.attention_as(model, name) if name else contextlib.nullcontext():
+            with attention_as(model, name) if name else contextlib.nullcontext():
                 logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False,
                                **kwargs).logits  # [1, M, V] through the head hook, else [n, l - first, V] (or [n, l, V])
         if tap.hit:
