@@ -40,7 +40,8 @@ def test_gpu_check_runs_tiny_on_cpu(tmp_path):
         assert agr["logprob_gap_tokens"] > 0 and agr["logprob_gap_max"] >= agr["logprob_gap_mean"] >= 0
     train = got["train_step"]["results"]
     assert train["+packed"]["executed_over_useful_tokens"] == 1.0 < train["before"]["executed_over_useful_tokens"]
-    assert train["+packed"]["host_syncs_per_optimiser_step"] < train["+replicate"]["host_syncs_per_optimiser_step"]
+    # (padded micro-batches read their rows on the host too: as few syncs as packed ones, test_padded_syncs.py)
+    assert train["+packed"]["host_syncs_per_optimiser_step"] <= train["+replicate"]["host_syncs_per_optimiser_step"]
     for variant in ("before", "+replicate", "+no-checkpointing", "+packed"):
         assert train[variant]["model_tflops"] > 0 and train[variant]["hardware_tflops"] >= train[variant]["model_tflops"]
         assert train[variant]["host_syncs_per_optimiser_step"] > 0
