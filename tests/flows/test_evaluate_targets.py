@@ -54,7 +54,8 @@ def test_misuse_is_a_config_error_naming_the_problem(cfg, tmp_path):
 
 def test_eval_during_training_needs_a_suite():
     with pytest.raises(ConfigError, match="eval.every > 0 or eval.final needs something to evaluate on"):
-        load_config("tiny", ["eval.final=true"])
+        load_config("tiny", ["eval.final=true", "eval.suites=[]"])
+    assert load_config("tiny", ["eval.final=true"]).eval.suites == ["bundled:tiny-arith-test"]  # tiny's own
     assert load_config("tiny", ["eval.every=2", "eval.suites=[gsm8k]"]).eval.suites == ["gsm8k"]
     with pytest.raises(ConfigError, match="pass_k"):
         load_config("tiny", ["eval.pass_k=[0]"])

@@ -165,10 +165,10 @@ def test_a_monitor_stop_is_a_planned_cancelled_end_without_an_error_record(tmp_p
     fr = _new_flow_run({"preset": "tiny", "steps": 3, "overrides": _overrides(tmp_path) + stop})
     ended, out = _attempt(fr.id, prefect_server)
     assert ended.state.is_cancelled() and ended.state.name == "Stopped", (ended.state, out[-3000:])
-    assert "monitor zero_variance at step 0" in ended.state.message
+    assert "monitor zero_variance at step 1" in ended.state.message
     logs = _logs(fr.id)
     assert not [g.message[:200] for g in logs if g.level >= 40], "an ERROR record after a planned end"
-    assert logs[-2].message.startswith("run stopped: monitor zero_variance at step 0"), [g.message for g in logs[-3:]]
+    assert logs[-2].message.startswith("run stopped: monitor zero_variance at step 1"), [g.message for g in logs[-3:]]
     assert logs[-1].message.startswith("Finished in state Stopped(")
     assert "Traceback" not in out
     assert sqlite_rows(tmp_path / "exp.db", "select status from runs") == [("stopped",)]
