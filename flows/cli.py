@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+
+from flows import cli_tools
 
 console = Console(highlight=False, soft_wrap=True)  # lines are never wrapped: a narrow terminal wraps them itself
 
@@ -344,58 +345,6 @@ def _config_args(sp, *, required: bool, config_help: str = "preset name (tiny, c
     sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
 
 
-def cmd_rollout_server(args: argparse.Namespace) -> int:
-    """Run a stock `vllm serve` with the flags rollout.engine=remote needs (printed first; --dry-run stops there)."""
-    from exgrpo_core.rollout.remote import API_KEY_ENV, PIP_HINT, serve_command, serve_env
-
-    extra = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
-    cmd = serve_command(args.model, host=args.host, port=args.port, dtype=args.dtype, seed=args.seed,
-                        tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
-                        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
-                        extra=extra)
-    key = os.environ.get(API_KEY_ENV)
-    if not key and args.host not in ("127.0.0.1", "localhost", "::1"):  # the weight routes would be open
-        console.print("[red]error[/red]: " + escape(f"--host {args.host} lets other machines pause the server and "
-                                                    f"replace its weights: set {API_KEY_ENV} (the trainer sends "
-                                                    "the same; docs/scaling.md)"))
-        return 2
-    env, shown = serve_env(cmd)
-    print(shown, flush=True)
-    if key:
-        print(f"(run on 127.0.0.1 behind a key gate at {args.host}:{args.port}: every route but GET /health needs "
-              f"Authorization: Bearer ${API_KEY_ENV}; flows/rollout_gate.py)", flush=True)
-    host = "rollout-node" if args.host in ("0.0.0.0", "::") else args.host
-    print(f"train with: --set rollout.engine=remote --set rollout.server_url=http://{host}:{args.port}"
-          f" --set model.dtype={args.dtype}", flush=True)
-    if args.dry_run:
-        return 0
-    if shutil.which("vllm") is None:
-        console.print("[red]error[/red]: " + escape(f"`exgrpo rollout-server` runs `vllm serve`, which is not "
-                                                    f"installed here: `{PIP_HINT}` on the rollout node"))
-        return 2
-    if key:
-        from flows import rollout_gate
-
-        return rollout_gate.serve(cmd, env, args.host, args.port, key)
-    os.execvpe("vllm", cmd, {**os.environ, **env})  # replaces this process: signals and exit code are vLLM's
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    from exgrpo_core.models.build import save_policy
-    from exgrpo_core.models.load import ModelLoadError, load_policy
-
-    if not Path(args.checkpoint).expanduser().is_dir():
-        raise ModelLoadError(f"checkpoint {args.checkpoint}: no such directory")
-    out = Path(args.out).expanduser()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ModelLoadError(f"--out {args.out} already exists and is not an empty folder; pick a new one "
-                             "(export never overwrites)")
-    model, tokenizer = load_policy(args.checkpoint, dtype=args.dtype)
-    save_policy(model, tokenizer, args.out)
-    console.print(f"exported {args.checkpoint} to {args.out} (a Hugging Face folder: transformers, vLLM)", markup=False)
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="exgrpo", description="ExGRPO training platform")
     sub = p.add_subparsers(dest="command", required=True)
@@ -465,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--checkpoint", required=True, help="checkpoint folder, e.g. runs/NAME/checkpoints/step_000050")
     ex.add_argument("--out", required=True, help="folder to write (model safetensors, config, tokenizer)")
     ex.add_argument("--dtype", default="float32", help="weights' dtype in the export (float32, bfloat16, float16)")
-    ex.set_defaults(fn=cmd_export)
+    ex.set_defaults(fn=cli_tools.cmd_export)
     rs = sub.add_parser("rollout-server", help="start `vllm serve` for rollout.engine=remote (a dedicated rollout "
                         "node); flags after -- go to vllm serve")
     rs.add_argument("--model", required=True, help="Hugging Face name or folder: the model the trainer starts from "
@@ -481,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--max-model-len", type=int, default=None, help="prompt + response tokens")
     rs.add_argument("--dry-run", action="store_true", help="print the command and stop")
     rs.add_argument("vllm_args", nargs=argparse.REMAINDER, help="more `vllm serve` flags, after --")
-    rs.set_defaults(fn=cmd_rollout_server)
+    rs.set_defaults(fn=cli_tools.cmd_rollout_server)
     return p
 
 
