@@ -24,6 +24,7 @@ from flows.compare import parallel as par, report, tuned_report
 from flows.compare.arms import parse_seeds
 from flows.compare.flow import _find_parent, _publish, _target_weights
 from flows.compare.grid import build_children
+from flows.run_report import link_tags
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 
 
@@ -56,7 +57,8 @@ def sweep(preset: str = "tiny", grid: list[str] = [], overrides: list[str] | Non
     base = load_config(preset, [*(overrides or []), f"run.name={name}"])
     check_server(resolve_tracking_uri(base))
     parent = MlflowRun(base, _find_parent(base, name, "exgrpo.sweep"),
-                       tags={"exgrpo.sweep": name, "exgrpo.preset": preset, "exgrpo.grid": " ; ".join(grid)})
+                       tags={"exgrpo.sweep": name, "exgrpo.preset": preset, "exgrpo.grid": " ; ".join(grid),
+                             **link_tags(None)})  # Prefect flow run, git commit, command
     try:
         results = par.run_children(children, target, name, preset, parent.run_id)
         out_dir = Path(base.run.output_dir).resolve() / name

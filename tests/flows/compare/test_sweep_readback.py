@@ -66,3 +66,6 @@ def test_sweep_publishes_its_table_and_a_failed_sweep_keeps_the_finished_report(
     (parent,) = client.search_runs([exp.experiment_id], f"tags.`exgrpo.sweep` = '{name}'")
     md = client.download_artifacts(parent.info.run_id, report.name, str(tmp_path / "dl"))
     assert Path(md).read_text() == good, "the failed sweep replaced the parent run's report"
+    tags = parent.data.tags  # where the sweep came from, as a comparison's parent says
+    assert tags["prefect.flow_run_id"] in tags["prefect.flow_run_url"] and tags["mlflow.source.git.commit"], tags
+    assert "sweep" in tags["exgrpo.command"], tags
