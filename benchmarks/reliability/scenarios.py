@@ -13,7 +13,13 @@ Scenarios:
     into an empty database); the database put back, the rerun finishes exactly;
   - postgres_outage (--db postgres): PostgreSQL unreachable for 20 s mid-run: one line, exit 4; once it is
     back the same command finishes exactly;
-  - mlflow_503: the MLflow server answering 503 for 20 s mid-run: ridden out, the run finishes exactly.
+  - mlflow_503: the MLflow server answering 503 for 20 s mid-run: ridden out, the run finishes exactly;
+  - committed_window: SIGKILL the moment step 1's and then step 2's checkpoint is renamed into place
+    (fault_injection's "committed" kill), rerun until done: nothing of those steps lost, pictures included;
+  - disk_full: ENOSPC raised at step 1's checkpoint write (injected, as tests/flows/test_dependency_faults.py
+    does): one line, exit 4; the same command then finishes exactly;
+  - mlflow_killed: a real `mlflow server` SIGKILLed once step 1 is checkpointed: one line, exit 4; the server
+    restarted on the same port and store, the same command finishes exactly.
 Writes benchmarks/results/fault_scenarios_<db>.json (`--tag T`: fault_scenarios_<db>_T.json).
 """
 
@@ -178,9 +184,95 @@ def mlflow_503(work: Path, env: dict, steps: int, ref: dict, backend: str) -> di
         server.wait()
 
 
+def _plots(root: Path) -> set[str]:
+    """The pictures' step folders (`plots/step_N`) in root/mlflow.db's runs."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    return {Path(a.path).name for r in runs for a in client.list_artifacts(r.info.run_id, "plots")}
+
+
+def committed_window(work: Path, env: dict, steps: int, ref: dict, backend: str) -> dict:
+    """Killed right after step 1's and step 2's checkpoints are committed: whatever belongs to a step (metrics,
+    monitors, perf/checkpoint_s, pictures) is recorded before its checkpoint, so the resumes lose nothing."""
+    db = fi.db_for(backend, work)
+    run = fi.run_until_done(fi.train_command(work, db, steps), env, work, [("committed", 1), ("committed", 2)])
+    out = fi.compare(ref, fi.final_state(work, db)) if run["finished"] else {"exact": False}
+    missing = sorted(_plots(work.parent / "reference") - _plots(work))  # the reference run's, in work's parent
+    return {**out, "winner_rc": 0 if run["finished"] else run["failures"], "refusals": [], "leaked": run["leaked"],
+            "kills": run["kills"], "attempts": run["attempts"], "plots_missing": missing,
+            "exact": out["exact"] and not missing}
+
+
+FULL_DISK = """import errno, sys
+from exgrpo_core.run import checkpoint
+real = checkpoint.save_checkpoint
+def full(run_dir, step, *a, **k):
+    if step >= {step}:
+        raise OSError(errno.ENOSPC, "No space left on device", str(run_dir / "checkpoints" / f".tmp_step_{{step + 1:06d}}"))
+    return real(run_dir, step, *a, **k)
+checkpoint.save_checkpoint = full
+from flows import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def disk_full(work: Path, env: dict, steps: int, ref: dict, backend: str) -> dict:
+    """`exgrpo train` with ENOSPC raised from step 1's checkpoint write on (the first checkpoint is written):
+    exit 4, one line naming the full disk; then the same command, with space, finishes exactly."""
+    db = fi.db_for(backend, work)
+    cmd = fi.train_command(work, db, steps)
+    full = [sys.executable, "-c", FULL_DISK.format(step=1), *cmd[3:]]  # cmd: python -m flows.cli train ...
+    proc = _start(full, env, work / "full.log")
+    ended = _refusal(proc, work / "full.log", "is full", rc=4)
+    ended["leaked"] = fi.leaked_after_kill(proc.pid, within_s=10)
+    out = _finish(_start(cmd, env, work / "resumed.log"), work, db, ref, [ended])
+    out["leaked"] += ended["leaked"]
+    ckpt = work / "runs" / "fi" / "checkpoints"
+    return {**out, "checkpoints_after": sorted(p.name for p in ckpt.iterdir()) if ckpt.is_dir() else []}
+
+
+def _mlflow_server(work: Path, env: dict, port: int, log: str) -> subprocess.Popen:
+    server = _start([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                     "--workers", "1", "--backend-store-uri", f"sqlite:///{work / 'mlflow.db'}",
+                     "--default-artifact-root", str(work / "mlartifacts")], env, work / log)
+    wait_for_http(f"http://127.0.0.1:{port}/health", server)
+    return server
+
+
+def mlflow_killed(work: Path, env: dict, steps: int, ref: dict, backend: str) -> dict:
+    """A real `mlflow server` (store work/mlflow.db) SIGKILLed once step 1 is checkpointed. The first run has
+    MLflow's client retries off and a 5 s timeout (as the test does; the default ~2 min of retries would end
+    in the same line): exit 4, one line naming the server. Restarted on the same port, the same command
+    (default retries) finishes exactly."""
+    db = fi.db_for(backend, work)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = fi.train_command(work, db, steps, mlflow_uri=url)
+    server = _mlflow_server(work, env, port, "mlflow-server.log")
+    try:
+        quick = {**env, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+        first = _start(cmd, quick, work / "killed.log")
+        _wait_for(work / "runs" / "fi" / "checkpoints" / "step_000001", first)
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        ended = _refusal(first, work / "killed.log", f"the MLflow server at {url} stopped answering", rc=4)
+        ended["leaked"] = fi.leaked_after_kill(first.pid, within_s=10)
+        server = _mlflow_server(work, env, port, "mlflow-server-2.log")
+        out = _finish(_start(cmd, env, work / "resumed.log"), work, db, ref, [ended])
+        out["leaked"] += ended["leaked"]
+        return out
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
 SCENARIOS = {"two_folders_one_db": two_folders_one_db, "mixed_backends": mixed_backends,
              "fresh_starts_together": fresh_starts_together, "moved_database": moved_database,
-             "postgres_outage": postgres_outage, "mlflow_503": mlflow_503}
+             "postgres_outage": postgres_outage, "mlflow_503": mlflow_503,
+             "committed_window": committed_window, "disk_full": disk_full, "mlflow_killed": mlflow_killed}
 
 
 def main() -> int:
