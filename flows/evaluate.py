@@ -25,6 +25,7 @@ from exgrpo_core.reward.grading import MathVerifier
 from exgrpo_core.run import allocator, checkpoint as C
 from exgrpo_core.store.experience_store import ExperienceStore, StoreError, resolve_db_url
 from flows.eval_tasks import START_STEP, generation_args, load_items, record, run_eval
+from flows.param_secrets import scrub_this_flow_run
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 from flows.train_params import Text, Texts
 
@@ -78,6 +79,7 @@ def evaluate(preset: str = "tiny", overrides: Texts = [], model: Text = "", chec
     path, `checkpoint` a checkpoint folder, `run` a run name under run.output_dir (latest checkpoint);
     empty ones are not set (the run form's plain inputs).
     """
+    scrub_this_flow_run({"overrides": overrides, "config": config})  # a password typed into the form
     cfg = config or load_config(preset, overrides or [])
     if suites:
         cfg = cfg.model_copy(deep=True)

@@ -32,3 +32,10 @@ def scrub_parameters(params: dict, flow_run_id) -> bool:
         return False
     print("credentials in this flow run's parameters were masked in Prefect (the run uses them as given)")
     return True
+
+
+def scrub_this_flow_run(params: dict) -> bool:
+    """`scrub_parameters` for the flow run this code runs in (none outside a flow run)."""
+    from prefect.runtime import flow_run
+
+    return scrub_parameters(params, flow_run.get_id())

@@ -24,6 +24,7 @@ from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 from flows.compare import parallel as par, report
 from flows.compare.arms import ArmName, ArmRun, build_arm_runs, can_evaluate, parse_arms, parse_seeds, rollout_slots
 from flows.compare.parallel import finished_summary
+from flows.param_secrets import scrub_this_flow_run
 from flows.run_report import artifact_key, link_tags
 from flows.tracking import MlflowRun, check_server, open_store, resolve_tracking_uri
 from flows.train import train
@@ -70,6 +71,7 @@ def compare(preset: str = "tiny", overrides: Texts = [], arms: list[ArmName] | S
         retry_failed: Resubmit only the children whose latest run failed, crashed or was cancelled.
         deployment: The training deployment children run as.
     """
+    scrub_this_flow_run({"overrides": overrides})  # a password typed into the form (children get it masked)
     name, arms = name or f"compare-{preset}", arms or None
     runs = build_arm_runs(preset, overrides, arms, seeds, name, evaluate)  # bad arm/override: ConfigError now
     target = par.Target(deployment, work_pool or None, work_queue, slots or None, retry_failed) if parallel else None

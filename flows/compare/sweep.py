@@ -24,6 +24,7 @@ from flows.compare import parallel as par, report, tuned_report
 from flows.compare.arms import parse_seeds
 from flows.compare.flow import _find_parent, _publish, _target_weights
 from flows.compare.grid import build_children
+from flows.param_secrets import scrub_this_flow_run
 from flows.run_report import link_tags
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 
@@ -48,6 +49,7 @@ def sweep(preset: str = "tiny", grid: list[str] = [], overrides: list[str] | Non
         retry_failed: Resubmit only the children whose latest run failed, crashed or was cancelled.
         deployment: The training deployment children run as.
     """
+    scrub_this_flow_run({"overrides": overrides, "grid": grid})  # a password typed in (children get it masked)
     name = name or f"sweep-{preset}"
     children = build_children(preset, overrides, grid, seeds, name, evaluate)
     target = par.Target(deployment, work_pool, work_queue, slots, retry_failed)
