@@ -68,7 +68,7 @@ def test_killed_right_after_a_checkpoint_is_committed(reference):
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     (mlflow_run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     plots = {Path(a.path).name for a in client.list_artifacts(mlflow_run.info.run_id, "plots")}
-    assert plots == {f"step_{s:06d}" for s in range(STEPS)}, plots  # checkpoint_every=1: pictures every step
+    assert plots == {f"step_{s:06d}" for s in range(1, STEPS + 1)}, plots  # checkpoint_every=1: pictures every step
 
 
 def test_killed_at_start_up(reference):
