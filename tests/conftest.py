@@ -100,3 +100,17 @@ def no_active_mlflow_run_left_behind():
     if mlflow is not None:
         while mlflow.active_run() is not None:
             mlflow.end_run("FAILED")
+
+
+_SECRET_VARS = ("EXGRPO_", "MLFLOW_TRACKING_")
+
+
+@pytest.fixture(autouse=True)
+def no_secret_variables_left_behind():
+    """`hide_overrides` moves credentials into this process's environment (for the children it starts);
+    a test that calls it must not hand them to the next test, which would connect to that database."""
+    before = {k: v for k, v in os.environ.items() if k.startswith(_SECRET_VARS)}
+    yield
+    for k in [k for k in os.environ if k.startswith(_SECRET_VARS) and k not in before]:
+        del os.environ[k]
+    os.environ.update(before)
