@@ -151,7 +151,8 @@ def generate_and_grade(model, tokenizer, items: list[EvalItem], verify: Verify, 
     with `decode_matmul`'s products (`rollout.decode_matmul`).
     """
     if engine is None:
-        engine = TransformersEngine(model, tokenizer, top_p=top_p, batch_size=batch_size)
+        engine = own_engine(model, tokenizer)
+        engine.top_p, engine.batch_size = top_p, batch_size
         engine.scores, engine.streams, engine.matmul = False, decode_streams, decode_matmul
     prompts = [data.prompt_token_ids(tokenizer, it.question, max_prompt_tokens) for it in items]
     order = sorted(range(len(items)), key=lambda i: (items[i].repeats, len(prompts[i])))
@@ -193,6 +194,16 @@ def generate_and_grade(model, tokenizer, items: list[EvalItem], verify: Verify, 
         if pending:
             record(*pending)
     return results  # type: ignore[return-value]
+
+
+def own_engine(model, tokenizer) -> TransformersEngine:
+    """The evaluation engine of `model` and `tokenizer`, built once and kept on the model, so later calls
+    reuse its bf16 inference copy and compiled decode steps (the copy refreshes only after a weight change)."""
+    kept = getattr(model, "_exgrpo_eval_engine", None)
+    if kept is None or kept.tokenizer is not tokenizer:
+        kept = TransformersEngine(model, tokenizer)
+        model.__dict__["_exgrpo_eval_engine"] = kept  # not a submodule, not in the state dict
+    return kept
 
 
 def _chunks(order: list[int], sizes: list[int], budget: int) -> list[list[int]]:

@@ -174,6 +174,35 @@ def test_generation_is_seeded_and_leaves_the_callers_random_stream_alone(tiny):
     assert texts[: len(texts) // 2] == texts[len(texts) // 2:], "same seed, different samples"
 
 
+def test_calls_without_an_engine_reuse_one_engine_and_sample_as_a_fresh_one(tiny, monkeypatch):
+    model, tok = tiny
+    built, texts = [], []
+    real = E.TransformersEngine
+
+    def counting(*a, **k):
+        built.append(1)
+        return real(*a, **k)
+
+    def record(t, a):
+        texts.append(list(t))
+        return [(0.0, "wrong")] * len(t)
+
+    monkeypatch.setattr(E, "TransformersEngine", counting)
+    model.__dict__.pop("_exgrpo_eval_engine", None)
+    E.generate_and_grade(model, tok, _items(), record, max_new_tokens=4, max_prompt_tokens=16, seed=7)
+    first = list(texts)
+    E.generate_and_grade(model, tok, _items(), record, max_new_tokens=4, max_prompt_tokens=16, seed=7,
+                         batch_size=2, top_p=0.5)
+    engine = E.own_engine(model, tok)
+    assert len(built) == 1, "a second evaluation built a second engine (and bf16 copy)"
+    assert (engine.batch_size, engine.top_p, engine.scores) == (2, 0.5, False), "the call's settings were not applied"
+    model.__dict__.pop("_exgrpo_eval_engine")
+    texts.clear()
+    E.generate_and_grade(model, tok, _items(), record, max_new_tokens=4, max_prompt_tokens=16, seed=7)
+    assert texts == first, "a reused engine samples differently from a fresh one"
+    assert "_exgrpo_eval_engine" not in model.state_dict()
+
+
 def test_evaluate_items_with_math_verify_and_save_report_round_trip(tiny, store):  # noqa: F811
     from exgrpo_core.reward.grading import MathVerifier
 
