@@ -8,6 +8,7 @@ on). Both go through the Prefect training flow (session server from tests/confte
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +70,16 @@ def dashboard_env(monkeypatch, trained):
     monkeypatch.setenv("EXGRPO_DB_URL", trained.db_url)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", trained.mlflow_uri)
     return trained
+
+
+@pytest.fixture
+def exgrpo_running(dashboard_env, tmp_path, monkeypatch) -> Trained:
+    """The trained runs in a copy of the database where `exgrpo` is still marked running (live pages)."""
+    db = tmp_path / "exp.db"
+    shutil.copy(dashboard_env.folder / "exp.db", db)
+    engine = sa.create_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:
+        conn.execute(sa.text("update runs set status='running' where name='exgrpo'"))
+    engine.dispose()
+    monkeypatch.setenv("EXGRPO_DB_URL", f"sqlite:///{db}")
+    return dashboard_env

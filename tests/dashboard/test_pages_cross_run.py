@@ -5,11 +5,9 @@ question opens, trajectories filter, and a training run turns on auto-refresh.""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pandas as pd
 import pytest
-import sqlalchemy as sa
 from streamlit import dataframe_util
 
 from streamlit.testing.v1 import AppTest
@@ -143,16 +141,9 @@ def test_experience_browser_opens_the_clicked_question_and_filters_trajectories(
     assert f"{t.one('select count(*) from question_states where run_id=:r', r=rid)} questions match" in shown_text(at)
 
 
-def test_a_training_run_turns_on_auto_refresh(dashboard_env, tmp_path, monkeypatch):
-    db = tmp_path / "exp.db"
-    shutil.copy(dashboard_env.folder / "exp.db", db)
-    engine = sa.create_engine(f"sqlite:///{db}")
-    with engine.begin() as conn:
-        conn.execute(sa.text("update runs set status='running' where name='exgrpo'"))
-    engine.dispose()
-    monkeypatch.setenv("EXGRPO_DB_URL", f"sqlite:///{db}")
-    at = open_page("buffer", dashboard_env.ids["exgrpo"])
+def test_a_training_run_turns_on_auto_refresh(exgrpo_running):
+    at = open_page("buffer", exgrpo_running.ids["exgrpo"])
     assert "refreshes every 10 s" in shown_text(at)
     at.sidebar.toggle(key="buffer.live").set_value(False).run()
     assert "refreshes every" not in shown_text(at) and at.query_params["live"] == "0"
-    assert "refreshes every" not in shown_text(open_page("buffer", dashboard_env.ids["on-policy"]))  # finished
+    assert "refreshes every" not in shown_text(open_page("buffer", exgrpo_running.ids["on-policy"]))  # finished

@@ -3,28 +3,18 @@ is running, its body is a fragment redrawn every `ui.TTL_S` seconds, and each re
 
 from __future__ import annotations
 
-import shutil
-
-import sqlalchemy as sa
 from test_pages import open_page, shown_text
 
 from dashboard import ui
 
 
-def test_staleness_redraws_while_the_run_trains(dashboard_env, tmp_path, monkeypatch):
-    db = tmp_path / "exp.db"
-    shutil.copy(dashboard_env.folder / "exp.db", db)
-    engine = sa.create_engine(f"sqlite:///{db}")
-    with engine.begin() as conn:
-        conn.execute(sa.text("update runs set status='running' where name='exgrpo'"))
-    engine.dispose()
-    monkeypatch.setenv("EXGRPO_DB_URL", f"sqlite:///{db}")
-    at = open_page("staleness", dashboard_env.ids["exgrpo"])
+def test_staleness_redraws_while_the_run_trains(exgrpo_running):
+    at = open_page("staleness", exgrpo_running.ids["exgrpo"])
     # the caption is drawn only where the body goes into st.fragment(run_every=ui.TTL_S) (ui.live)
     assert f"refreshes every {ui.TTL_S} s" in shown_text(at)
     assert [m.label for m in at.metric][:1] == ["replayed trajectories"]  # the body drew inside the fragment
     at.sidebar.toggle(key="staleness.live").set_value(False).run()
     assert "refreshes every" not in shown_text(at) and at.query_params["live"] == "0"
     assert [m.label for m in at.metric][:1] == ["replayed trajectories"]
-    at = open_page("staleness", dashboard_env.ids["on-policy"])  # finished: drawn once
+    at = open_page("staleness", exgrpo_running.ids["on-policy"])  # finished: drawn once
     assert "refreshes every" not in shown_text(at)

@@ -11,22 +11,16 @@ import secrets
 import pytest
 import sqlalchemy as sa
 
+from exgrpo_core.store.engine import scratch_postgres_database
+
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 SECRET = "s3cret-" + secrets.token_hex(4)
 
 
 @pytest.fixture
 def db_url():
-    name = f"ftest_secrets_{secrets.token_hex(4)}"
-    admin = sa.create_engine(PG, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield f"postgresql+psycopg://postgres:{SECRET}@127.0.0.1:5432/{name}"
-    finally:
-        with admin.connect() as c:
-            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_postgres_database(PG, "ftest_secrets") as url:
+        yield sa.engine.make_url(url).set(password=SECRET).render_as_string(hide_password=False)
 
 
 def _stored(flow_name: str) -> list[str]:

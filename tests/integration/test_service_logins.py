@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from exgrpo_core.store.engine import scratch_postgres_database
+
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ROOT / "infra" / "services.sh"
 PG = os.environ.get("EXGRPO_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -169,16 +171,8 @@ def test_prefect_refuses_clients_without_the_auth_string(servers):
 
 @pytest.fixture
 def pg_database():
-    name = f"itest_logins_{secrets.token_hex(4)}"
-    admin = sa.create_engine(PG, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield sa.engine.make_url(PG).set(database=name)
-    finally:
-        with admin.connect() as c:
-            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_postgres_database(PG, "itest_logins") as url:
+        yield sa.engine.make_url(url)
 
 
 def _client_env(servers, **extra) -> dict:
