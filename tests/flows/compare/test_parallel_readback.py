@@ -72,6 +72,14 @@ def _cancel_new_children(name: str, n: int, proc: subprocess.Popen, timeout: flo
     raise AssertionError(f"the parent never submitted {n} children (exit {proc.poll()})")
 
 
+def _run_cancelling_new_children(cmd: list[str], env: dict, name: str, n: int) -> tuple[int, str, list[str]]:
+    """Run `cmd`, cancel the n children it submits; (exit code, output, the cancelled children's names)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cancelled = _cancel_new_children(name, n, proc)
+    out, _ = proc.communicate(timeout=400)
+    return proc.returncode, out, cancelled
+
+
 def test_parallel_reads_back_a_sequential_compare_and_a_failed_one_keeps_its_report(tmp_path, prefect_server):
     import mlflow
 
@@ -99,11 +107,8 @@ def test_parallel_reads_back_a_sequential_compare_and_a_failed_one_keeps_its_rep
     good_md = Path(seq["files"]["md"]).read_text()
     assert _artifact(f"exgrpo-{name}-comparison") == good_md  # the table in Prefect, not a log line
 
-    wider = subprocess.Popen([*cmd, "--seeds", "0-1"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-    cancelled = _cancel_new_children(name, 2, wider)
-    out, _ = wider.communicate(timeout=400)
-    assert wider.returncode == 2, out[-4000:]
+    code, out, cancelled = _run_cancelling_new_children([*cmd, "--seeds", "0-1"], env, name, 2)
+    assert code == 2, out[-4000:]
     assert "2 of 4 children did not finish" in out and "incomplete" in out, out[-4000:]
     assert cancelled == [f"{name}-exgrpo-s1", f"{name}-on_policy-s1"]
     assert _rows(report) == before and Path(seq["files"]["md"]).read_text() == good_md

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_parallel_readback import _artifact, _cancel_new_children, _deployment
+from test_parallel_readback import _artifact, _deployment, _run_cancelling_new_children
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
@@ -49,11 +49,8 @@ def test_sweep_publishes_its_table_and_a_failed_sweep_keeps_the_finished_report(
     assert "| finished |" in good
     assert _artifact(f"exgrpo-{name}-sweep") == good  # the table in Prefect, not a log line
 
-    wider = subprocess.Popen([*cmd, "--seeds", "0-1"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-    cancelled = _cancel_new_children(name, 1, wider)
-    out, _ = wider.communicate(timeout=400)
-    assert wider.returncode == 2, out[-4000:]
+    code, out, cancelled = _run_cancelling_new_children([*cmd, "--seeds", "0-1"], env, name, 1)
+    assert code == 2, out[-4000:]
     assert "1 of 2 children did not finish" in out and "incomplete" in out, out[-4000:]
     assert cancelled == [f"{name}-train.lr-1e-6-s1"]
     assert report.read_text() == good, "the failed sweep replaced the report of finished children"
