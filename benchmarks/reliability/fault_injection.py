@@ -26,6 +26,7 @@ database) are benchmarks/reliability/scenarios.py.
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import os
 import random
@@ -245,16 +246,32 @@ def compare(ref: dict, got: dict) -> dict:
     return diff
 
 
+ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+_created: list[str] = []  # PostgreSQL databases made by db_for, dropped when the process exits
+
+
 def db_for(backend: str, root: Path) -> str:
-    """A fresh experience database: SQLite under root, or a new PostgreSQL database."""
+    """A fresh experience database: SQLite under root, or a new PostgreSQL database (dropped at exit)."""
     if backend == "sqlite":
         return f"sqlite:///{root / 'exp.db'}"
     import psycopg
 
     name = f"fi_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", autocommit=True) as c:
+    with psycopg.connect(ADMIN, autocommit=True) as c:
         c.execute(f"create database {name}")
+    if not _created:
+        atexit.register(drop_created)
+    _created.append(name)
     return PG.format(name)
+
+
+def drop_created() -> None:
+    """Drop the PostgreSQL databases db_for made (their runs' results are already read)."""
+    import psycopg
+
+    with psycopg.connect(ADMIN, autocommit=True) as c:
+        while _created:
+            c.execute(f"drop database if exists {_created.pop()} with (force)")
 
 
 def reference_run(work: Path, steps: int, backend: str = "sqlite") -> tuple[dict, float, dict]:

@@ -34,3 +34,18 @@ def test_scenario_ends_exactly_with_one_line_refusals(reference, name):
     assert not out["leaked"], out["leaked"]
     assert (out["rows_lost"], out["rows_extra"], out["duplicate_points"], out["orphaned_runs"]) == (0, 0, 0, 0), out
     assert out["exact"], out
+
+
+@pytest.mark.postgres
+def test_postgres_databases_of_a_benchmark_are_dropped(tmp_path):
+    import psycopg
+
+    def names() -> set[str]:
+        with psycopg.connect(fi.ADMIN) as c:
+            return {n for (n,) in c.execute("select datname from pg_database where datname like 'fi\\_%'")}
+
+    url = fi.db_for("postgres", tmp_path)
+    made = url.rsplit("/", 1)[1]
+    assert made in names()
+    fi.drop_created()
+    assert made not in names() and fi._created == []
