@@ -52,6 +52,8 @@ mlflow_auth() {  # EXGRPO_MLFLOW_ADMIN_PASSWORD set: MLflow's basic-auth app (co
   [[ -n "${EXGRPO_MLFLOW_ADMIN_PASSWORD:-}" ]] || return 0
   local ini="$EXGRPO_STATE_DIR/mlflow-auth.ini" key="$EXGRPO_STATE_DIR/mlflow-secret-key"
   [[ -s "$key" ]] || (umask 077; "$EXGRPO_PYTHON" -c 'import secrets; print(secrets.token_hex(32))' > "$key")
+  local users="${EXGRPO_MLFLOW_AUTH_DB_URL#sqlite:///}"  # a SQLite users file holds password hashes: owner only
+  if [[ "$users" != "$EXGRPO_MLFLOW_AUTH_DB_URL" ]]; then (umask 077; touch "$users"); chmod 600 "$users"; fi
   # one worker (--workers 1), so its login cache sees every password change: one PBKDF2 check a minute per user
   printf '[mlflow]\ndefault_permission = READ\ndatabase_uri = %s\nadmin_username = %s\n%s\n%s\n' \
     "$EXGRPO_MLFLOW_AUTH_DB_URL" "$EXGRPO_MLFLOW_ADMIN_USER" "auth_cache_ttl_seconds = 60" \

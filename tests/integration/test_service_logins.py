@@ -130,6 +130,8 @@ def test_mlflow_refuses_strangers_and_takes_the_training_login(servers, tmp_path
     assert _status(search, "admin:wrong") == 401
     assert _status(search, f"admin:{ADMIN_PASSWORD}") == 200
     assert not any(ADMIN_PASSWORD in c for c in _cmdlines(servers["procs"]["mlflow"].pid))
+    for private in ("mlflow-auth.db", "mlflow-secret-key"):  # password hashes, the session key: owner only
+        assert (servers["state"] / private).stat().st_mode & 0o077 == 0, private
 
     monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
