@@ -266,7 +266,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, cache, *, temperature: 
 
     `cache`: the key/value cache of ids[:, :-1] (e.g. a shared prefill), or None to compute it here.
     `compact_every`: end-of-sequence checks and row compaction run after every this many steps, the only
-    host syncs of the loop (one `nonzero` each); between them finished rows are fed the pad token and
+    host syncs of the loop (one copy of the running flags each); between them finished rows are fed the pad token and
     their outputs masked, so the samples do not depend on it.
     `drop_finished=False` keeps finished rows in the batch (fed the pad token), as `generate` does:
     the same samples, for tests and benchmarks.
@@ -320,14 +320,12 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, cache, *, temperature: 
         running = running & ~(tok[:, None] == eos).any(-1)
         if steps % every and steps < max_new_tokens:
             continue  # no host sync between compactions
-        alive = torch.nonzero(running).flatten().tolist()  # the one host sync of a compaction
+        flags = running.tolist()  # the one host sync of a compaction: one copy of `live` flags
+        alive = sum(flags)
         if not alive:
             break
-        if not drop_finished or len(alive) == live:
+        if not drop_finished or alive == live:
             continue
-        flags = [False] * live
-        for r in alive:
-            flags[r] = True
         keep, holes, fills = survivor_plan(flags)
         keep = torch.tensor(keep, dtype=torch.long, device=device)
         rows, seq, att, pos, running = rows[keep], seq[keep], att[keep], pos[keep], running[keep]
