@@ -153,12 +153,17 @@ def draw_uniforms(*shape: int, device=None) -> torch.Tensor:
     return torch.rand(*shape, dtype=torch.float64, device=device)
 
 
+@torch.compiler.disable  # (Inductor fails to generate this float64 scan over a 152k vocabulary: torch 2.11, H200)
+def _cdf64(probs: torch.Tensor) -> torch.Tensor:
+    return probs.cumsum(-1, dtype=torch.float64)
+
+
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Token j with cdf[j-1] <= u * total < cdf[j] for each row: a draw from `probs` [n, V] (or [1, V]
     shared by all) given uniforms u [n] in [0, 1). The CDF is summed in float64 (in float32, past a mass
     of ~0.5 a token under ~3e-8 adds nothing and is never drawn). Never an entry of probability 0, and
     no host sync: the target is kept below the total, and cdf[j] > cdf[j-1] means probs[j] > 0."""
-    cdf = probs.cumsum(-1, dtype=torch.float64)
+    cdf = _cdf64(probs)
     total = cdf[:, -1:]
     target = torch.minimum(u.to(torch.float64).reshape(-1, 1) * total, torch.nextafter(total, torch.zeros_like(total)))
     if probs.shape[0] == 1 and u.numel() != 1:  # one distribution, many draws

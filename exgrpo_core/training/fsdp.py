@@ -132,7 +132,11 @@ def unsharded_grad_bytes(model: nn.Module) -> int:
     total = 0
     for module in model.modules():
         if isinstance(module, FSDPModule):
-            for group in module._get_fsdp_state()._fsdp_param_groups:
+            state = module._get_fsdp_state()
+            groups = getattr(state, "_fsdp_param_groups", None)  # (torch < 2.12: one `_fsdp_param_group` or None)
+            if groups is None:
+                groups = [g for g in [getattr(state, "_fsdp_param_group", None)] if g is not None]
+            for group in groups:
                 for fp in group.fsdp_params:
                     whole = getattr(fp, "_unsharded_param", None)
                     for grad in (getattr(fp, "unsharded_accumulated_grad", None), getattr(whole, "grad", None)):

@@ -13,6 +13,8 @@ reads a value back each forward; this one needs no mask. Grouped-query heads are
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -107,7 +109,10 @@ def packed_attention_forward(module, query, key, value, attention_mask, dropout:
     if query.is_cuda and dtype is not None and _varlen() is not None:  # as SDPA would under autocast
         q, k, v = (x[0].transpose(0, 1).to(dtype).contiguous() for x in (query, key, value))  # [S, H, D]
         longest = max(p.lens, default=1)
-        out = _varlen()(q, k, v, p.cu, p.cu, longest, longest, scale=scaling, window_size=(-1, 0), enable_gqa=gqa)
+        gqa_kw = {"enable_gqa": gqa} if _varlen_takes_gqa() else {}
+        if gqa and not gqa_kw:  # (torch < 2.12: no enable_gqa; K/V repeated per query head, as SDPA would)
+            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+        out = _varlen()(q, k, v, p.cu, p.cu, longest, longest, scale=scaling, window_size=(-1, 0), **gqa_kw)
         return out.unsqueeze(0), None
     outs, start = [], 0
     for n in p.lens:
@@ -116,6 +121,11 @@ def packed_attention_forward(module, query, key, value, attention_mask, dropout:
                                                    is_causal=True, scale=scaling, enable_gqa=gqa))
         start += n
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+@functools.cache
+def _varlen_takes_gqa() -> bool:
+    return "enable_gqa" in inspect.signature(_varlen()).parameters
 
 
 def _varlen():

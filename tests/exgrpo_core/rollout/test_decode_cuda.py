@@ -43,9 +43,9 @@ def test_cuda_samples_the_cpu_tokens_for_the_same_uniforms(engine, temperature):
 def test_on_cuda_dropping_rows_the_in_place_cache_and_the_shared_prefix_change_no_sample(engine):
     torch.manual_seed(1)
     uniforms = torch.rand(12, 4 * len(TEXTS)).cuda()
-    plain = _decode_on(engine, "cuda", uniforms)
-    kept = _decode_on(engine, "cuda", uniforms, drop_finished=False)
-    grown = _decode_on(engine, "cuda", uniforms, static_cache=False)
+    plain = _decode_on(engine, "cuda", uniforms, compact_every=1)  # (12 steps: the default 16 never compacts)
+    kept = _decode_on(engine, "cuda", uniforms, drop_finished=False, compact_every=1)
+    grown = _decode_on(engine, "cuda", uniforms, static_cache=False, compact_every=1)
     prompts = [engine.tokenizer("12+34=56 " + t)["input_ids"] for t in TEXTS for _ in range(4)]
     shared = prefix_prefill(engine.model, prompts, engine.pad_id, 1)
     assert shared is not None and shared[0].device.type == "cuda"
@@ -64,6 +64,7 @@ def test_a_bf16_model_decodes_on_cuda_through_the_engine(make_engine):
     bf16 = make_engine(device="cuda", dtype=torch.bfloat16, batch_size=8)
     tok = bf16.tokenizer
     bf16.decoder = "eager"  # (auto picks the static decoder on CUDA: test_static_decode_cuda.py)
+    bf16.compact_every = 1  # (rows leave at once, so computed row-steps = response tokens)
     torch.manual_seed(2)
     out = bf16.generate([tok(t)["input_ids"] for t in TEXTS], 4, temperature=1.0, max_new_tokens=10)
     assert [len(g) for g in out] == [4] * len(TEXTS)
