@@ -141,7 +141,8 @@ class TransformersEngine:
         else:
             ids, mask = left_padded(prompts, self.pad_id, device)
             seqs, token_logp, ent = self._hf_generate(ids, mask, ids.shape[1], temperature, max_new_tokens)
-        return [self._record(seqs[r], token_logp[r], ent[r], max_new_tokens) for r in range(len(prompts))]
+        rows = zip(seqs.tolist(), token_logp.tolist(), ent.tolist())  # three copies for the batch, not 3 per row
+        return [self._record(*row, max_new_tokens) for row in rows]
 
     def _decode(self, prompts: list[list[int]], device, temperature: float, max_new_tokens: int,
                 uniforms: torch.Tensor | None = None) -> Sampled:
@@ -230,9 +231,7 @@ class TransformersEngine:
         position_ids = (m.long().cumsum(-1) - 1).masked_fill(m == 0, 1)  # as generate numbers the prompt
         return copied_prompt_cache(self.model, u_ids, m, position_ids, rows)
 
-    def _record(self, seq: torch.Tensor, logp: torch.Tensor, ent: torch.Tensor,
-                max_new_tokens: int) -> Generation:
-        ids = seq.tolist()
+    def _record(self, ids: list[int], logp: list[float], ent: list[float], max_new_tokens: int) -> Generation:
         length = len(ids)
         for t, tok in enumerate(ids):
             if tok in self.eos_ids:
@@ -244,8 +243,8 @@ class TransformersEngine:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if not self.scores:  # tokens only: no numbers to return
             return Generation(response_ids=ids, logprobs=[], text=text, truncated=truncated, entropies=[])
-        return Generation(response_ids=ids, logprobs=logp[:length].tolist(), text=text,
-                          truncated=truncated, entropies=ent[:length].tolist())
+        return Generation(response_ids=ids, logprobs=logp[:length], text=text,
+                          truncated=truncated, entropies=ent[:length])
 
 
 def left_padded(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -70,3 +70,15 @@ def test_the_interval_and_decoder_come_from_the_config(engine):
     cfg = ExGRPOConfig.model_validate({"rollout": {"decode_compact_every": 5, "decoder": "own"}})
     made = _make_engine(cfg, engine.model, engine.tokenizer, "test")
     assert made.compact_every == 5 and made.decoder == "eager"
+
+
+@pytest.mark.parametrize("per", [1, 4])
+def test_an_engine_call_reads_its_results_back_in_three_copies_whatever_the_rows(engine, per):
+    # (the H200 profile counted 768 per call of 256 rows: three per row, for tokens, log-probs and entropies)
+    engine.decoder, engine.compact_every, engine.streams = "eager", 64, 1
+    prompts = [engine.tokenizer(t)["input_ids"] for t in TEXTS]
+    torch.manual_seed(3)
+    with HostSyncCounter() as counter:
+        out = engine.generate(prompts, per, temperature=1.0, max_new_tokens=8)
+    assert sum(len(g) for g in out) == per * len(TEXTS)
+    assert counter.counts["tolist"] == 1 + 3  # the decoder's one compaction (at the end), then the results
