@@ -14,10 +14,15 @@ SECTIONS = ["decode", "agreement", "train_step", "fsdp_check", "cuda_tests"]
 
 
 def test_gpu_check_runs_tiny_on_cpu(tmp_path):
-    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--tiny"], cwd=ROOT, env=env,
+    # no --tiny and no OUT: without CUDA it rehearses by itself, into $TMPDIR, never over the committed results
+    committed = {p.name: p.read_bytes() for p in (ROOT / "benchmarks" / "results" / "gpu").glob("*")}
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    env.update(TMPDIR=str(tmp_path), PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {p.name: p.read_bytes() for p in (ROOT / "benchmarks" / "results" / "gpu").glob("*")} == committed
+    tmp_path = tmp_path / "gpu_check_tiny"
     summary = json.loads((tmp_path / "summary.json").read_text())
     decode = json.loads((tmp_path / "decode.json").read_text())["results"]
     errors = {k: v["error"] for k, v in decode.items() if isinstance(v, dict) and "error" in v}
