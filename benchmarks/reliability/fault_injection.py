@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import hashlib
 import os
 import random
@@ -34,7 +35,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -247,31 +247,22 @@ def compare(ref: dict, got: dict) -> dict:
 
 
 ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-_created: list[str] = []  # PostgreSQL databases made by db_for, dropped when the process exits
+_scratch = contextlib.ExitStack()  # the PostgreSQL databases db_for made, dropped when the process exits
+atexit.register(_scratch.close)
 
 
 def db_for(backend: str, root: Path) -> str:
     """A fresh experience database: SQLite under root, or a new PostgreSQL database (dropped at exit)."""
     if backend == "sqlite":
         return f"sqlite:///{root / 'exp.db'}"
-    import psycopg
+    from exgrpo_core.store.engine import scratch_postgres_database
 
-    name = f"fi_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(ADMIN, autocommit=True) as c:
-        c.execute(f"create database {name}")
-    if not _created:
-        atexit.register(drop_created)
-    _created.append(name)
-    return PG.format(name)
+    return _scratch.enter_context(scratch_postgres_database(PG.format("postgres"), "fi"))
 
 
 def drop_created() -> None:
     """Drop the PostgreSQL databases db_for made (their runs' results are already read)."""
-    import psycopg
-
-    with psycopg.connect(ADMIN, autocommit=True) as c:
-        while _created:
-            c.execute(f"drop database if exists {_created.pop()} with (force)")
+    _scratch.close()
 
 
 def reference_run(work: Path, steps: int, backend: str = "sqlite") -> tuple[dict, float, dict]:
