@@ -50,6 +50,8 @@ def test_gpu_check_runs_tiny_on_cpu(tmp_path):
     for variant in ("before", "+replicate", "+no-checkpointing", "+packed"):
         assert train[variant]["model_tflops"] > 0 and train[variant]["hardware_tflops"] >= train[variant]["model_tflops"]
         assert train[variant]["host_syncs_per_optimiser_step"] > 0
+    prof = train["+packed"]["profile"]  # (where the remaining MFU gap is, on a GPU)
+    assert prof["wall_ms"] > 0 and prof["top"] and all(op["ms"] >= 0 and op["calls"] > 0 for op in prof["top"])
     acc = got["fsdp_check"]["results"]["accumulation"]
     assert acc["micro_batches"] >= 4 and acc["no_unsharded_accumulator"] and acc["grad_types"] == ["DTensor"]
     assert got["fsdp_check"]["results"]["memory"]["plan_after_step_gib"] > 0
