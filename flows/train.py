@@ -186,8 +186,9 @@ def train(preset: Preset = "tiny", run_name: RunName = "", steps: Steps = 0, rep
         print(f"run stopped: {e}")
         return planned_state("Stopped", e)  # the caller gets the MonitorStop raised
     except BaseException as e:
-        recorded = _record_end(s, tracker, "failed" if isinstance(e, Exception) else "killed")
-        fault = dependency_error(e, cfg, s.run_dir, recorded) if isinstance(e, Exception) else None
+        status = end_status(e)
+        recorded = _record_end(s, tracker, status)
+        fault = dependency_error(e, cfg, s.run_dir, recorded) if status == "failed" else None
         if fault is not None:  # a service died mid-run: one line naming it (flows/dependency_errors.py)
             raise fault from e
         raise
@@ -290,6 +291,25 @@ def _train_steps(s: Session, cfg: ExGRPOConfig, tracker: MlflowRun, evaluator, r
     report.summary(summary=summary, cfg=cfg, tracker=tracker, checkpoint=ref,
                    pictures="plots/step_*" if pictures else None)
     return summary
+
+
+def end_status(e: BaseException) -> str:
+    """"killed" when a signal, Ctrl-C or a Prefect cancellation ended the run, also when it surfaced as
+    another error raised while it was handled (say, a state update that failed during the SIGTERM); else
+    "failed"."""
+    from prefect.exceptions import CancelledRun, ExternalSignal, PrefectSignal
+
+    if not isinstance(e, Exception):
+        return "killed"
+    stops = (KeyboardInterrupt, SystemExit, ExternalSignal, PrefectSignal, CancelledRun)
+    seen: set[int] = set()
+    x: BaseException | None = e
+    while x is not None and id(x) not in seen:
+        if isinstance(x, stops):
+            return "killed"
+        seen.add(id(x))
+        x = x.__cause__ or x.__context__
+    return "failed"
 
 
 def _record_end(s: Session, tracker: MlflowRun | None, status: str) -> str:

@@ -44,3 +44,33 @@ def test_database_down_still_ends_the_mlflow_run(capsys):
     _record_end(SimpleNamespace(run_id="r", store=store), tracker, "killed")
     assert tracker.ended == ["KILLED"]
     assert "in the experience database: updating run r failed" in capsys.readouterr().out
+
+
+def _raised_while_handling(first: BaseException, second: Exception) -> Exception:
+    try:
+        try:
+            raise first
+        except BaseException:
+            raise second  # noqa: B904 - the implicit __context__ is the point
+    except Exception as e:  # noqa: BLE001
+        return e
+
+
+def test_the_end_status_of_a_run_is_killed_when_a_signal_or_cancellation_ended_it():
+    from prefect.exceptions import CancelledRun, TerminationSignal
+
+    from flows.train import end_status
+
+    assert end_status(TerminationSignal(15)) == end_status(KeyboardInterrupt()) == "killed"
+    assert end_status(CancelledRun("cancelled")) == "killed"
+    # a SIGTERM that surfaced as another error (CI once recorded a cancelled flow run `failed`; cause not seen)
+    assert end_status(_raised_while_handling(TerminationSignal(15), RuntimeError("state update failed"))) == "killed"
+    chained = RuntimeError("wrapped")
+    chained.__cause__ = CancelledRun("cancelled")
+    assert end_status(chained) == "killed"
+    assert end_status(ValueError("bad")) == "failed"
+    assert end_status(_raised_while_handling(KeyError("x"), ValueError("bad"))) == "failed"
+    assert end_status(_raised_while_handling(GeneratorExit(), ValueError("bad"))) == "failed"  # not a stop
+    loop = ValueError("a")
+    loop.__context__ = loop  # (a cycle ends the walk)
+    assert end_status(loop) == "failed"

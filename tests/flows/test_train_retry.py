@@ -130,7 +130,7 @@ def test_a_retry_of_a_stopped_flow_run_resumes_its_run_exactly(retried):
     state = r["cancelled"].state
     assert state.is_crashed() or state.is_cancelled(), (state, r["first_out"][-3000:])
     (run_id, status, step, mlflow_id), = r["killed"]
-    assert status == "killed" and step >= 1, r["killed"]
+    assert status == "killed" and step >= 1, (r["killed"], r["first_out"][-4000:])
     assert r["resumed"].run_count == 2 and r["resumed"].state.is_completed(), r["resumed_out"][-3000:]
     db = r["tmp"] / "exp.db"
     rows = sqlite_rows(db, "select id, status, step, mlflow_run_id from runs where name=:n", n=r["name"])
