@@ -126,3 +126,10 @@ def sync() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def cuda_kernels(prof) -> tuple[list, float]:
+    """(CUDA kernel events, their GPU time in ms) of a finished torch.profiler run."""
+    kernels = [e for e in prof.events() if getattr(e, "device_type", None) is not None and e.device_type.name == "CUDA"]
+    busy_us = sum(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total for e in kernels)
+    return kernels, busy_us / 1e3

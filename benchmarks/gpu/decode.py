@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.gpu.common import Report, parse, preset_config, sync  # noqa: E402
+from benchmarks.gpu.common import Report, cuda_kernels, parse, preset_config, sync  # noqa: E402
 
 
 def decoders() -> list[str]:
@@ -57,13 +57,12 @@ def profile(generate, steps: int) -> dict:
         generate(steps)
         sync()
     events = prof.events()
-    kernels = [e for e in events if getattr(e, "device_type", None) is not None and e.device_type.name == "CUDA"]
-    busy_us = sum(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total for e in kernels)
+    kernels, busy_ms = cuda_kernels(prof)
     ops = [e for e in events if e.name.startswith("aten::")]
     stream_syncs = sum(1 for e in events if e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize"))
     d2h = sum(1 for e in events if "Memcpy DtoH" in e.name or e.name == "cudaMemcpyAsync")
     top = sorted(prof.key_averages(), key=lambda a: -(getattr(a, "self_device_time_total", 0) or a.self_cpu_time_total))
-    return {"steps": steps, "kernels_per_step": len(kernels) / steps, "gpu_busy_ms_per_step": busy_us / 1e3 / steps,
+    return {"steps": steps, "kernels_per_step": len(kernels) / steps, "gpu_busy_ms_per_step": busy_ms / steps,
             "aten_ops_per_step": len(ops) / steps, "stream_syncs_per_step": stream_syncs / steps,
             "memcpy_per_step": d2h / steps, "host_syncs_per_step": syncs.total / steps,
             "host_syncs_by_kind": dict(syncs.counts),

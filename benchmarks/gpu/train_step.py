@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.gpu.common import Report, parse, peak_tflops, preset_config, sync  # noqa: E402
+from benchmarks.gpu.common import Report, cuda_kernels, parse, peak_tflops, preset_config, sync  # noqa: E402
 
 VARIANTS = [("before", ["model.gradient_checkpointing=true", "train.sharding=fsdp2", "train.pack_sequences=false"]),
             ("+replicate", ["model.gradient_checkpointing=true", "train.sharding=replicate",
@@ -115,8 +115,7 @@ def profile_call(call) -> dict:
         call()
         sync()
     wall = time.perf_counter() - t0
-    kernels = [e for e in prof.events() if getattr(e, "device_type", None) is not None and e.device_type.name == "CUDA"]
-    busy = sum(e.device_time_total for e in kernels) / 1e3
+    kernels, busy = cuda_kernels(prof)
     key = (lambda a: a.self_device_time_total) if cuda else (lambda a: a.self_cpu_time_total)
     top = sorted(prof.key_averages(), key=lambda a: -key(a))[:12]
     return {"wall_ms": wall * 1e3, "gpu_busy_ms": busy, "kernels": len(kernels),
