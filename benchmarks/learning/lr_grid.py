@@ -5,6 +5,7 @@ exgrpo on arith-fast at 5 learning rates x seeds 0-23, each arm judged at its ow
     # the pre-registered grid runs from a worktree frozen at 8327aca (the pre-registration's amendments)
     python -m benchmarks.learning.lr_grid --status    # seed counts per cell, nothing else
     python -m benchmarks.learning.lr_grid --final     # the pre-registered analysis (all planned seeds in)
+    python -m benchmarks.learning.lr_grid --merge-from ../grid2/benchmarks/results   # a second worker's seeds
 
 Seed-major over the whole grid: for each seed, every rate's cell (both arms, one compare-flow call)
 before the next seed, so stopping leaves complete seed blocks plus at most one partial block. Each cell
@@ -225,6 +226,39 @@ def final(seeds: list[int], stopped: str | None) -> int:
     return 0
 
 
+def merge_worker(folder: Path) -> int:
+    """Add the seeds a second worker archived in `folder` (its own worktree at the same commit, run with
+    other --seeds) to the cells here. A seed both hold must agree in every held-out value, and the
+    settings must be equal; otherwise nothing is written."""
+    folder, plans, problems = Path(folder), [], []
+    for r in RATES:
+        name = cell_name(r)
+        if not (folder / f"arith_compare_{name}_seeds.json").exists():
+            continue
+        other = seed_archive.load_existing(name, folder)
+        if (RESULTS / f"arith_compare_{name}_seeds.json").exists():
+            here = seed_archive.load_existing(name, RESULTS)
+        else:
+            here = seed_archive.load(name, other["fingerprint"], RESULTS)
+        if here["fingerprint"] != other["fingerprint"]:
+            problems.append(f"lr {r}: settings differ ({other['fingerprint']} against {here['fingerprint']})")
+            continue
+        for s in sorted(set(here["seeds"]) & set(other["seeds"]), key=int):
+            diff = heldout_differences(other["seeds"][s], here["seeds"][s])
+            if diff:
+                problems.append(f"lr {r} seed {s}: {', '.join(diff)}")
+        plans.append((r, here, name))
+    if problems:
+        print(f"error: not merged, the worker's archives disagree with these: {'; '.join(problems)}", file=sys.stderr)
+        return 2
+    for r, here, name in plans:
+        added = seed_archive.merge(here, name, folder)
+        if added:
+            seed_archive.save(here)
+        print(f"lr {r}: merged seeds {added}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default=SEEDS, help="the planned seeds (pre-registered: 0-23)")
@@ -234,7 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--final", action="store_true", help="the pre-registered analysis (all planned seeds in)")
     ap.add_argument("--stopped", default=None, metavar="REASON",
                     help="with --final: the grid stopped for good before all seeds; analyse the complete blocks")
+    ap.add_argument("--merge-from", type=Path, default=None, metavar="DIR",
+                    help="add a second worker's archived seeds from DIR (its benchmarks/results) and stop")
     a = ap.parse_args(argv)
+    if a.merge_from is not None:
+        if not a.merge_from.is_dir():
+            print(f"error: --merge-from {a.merge_from}: no such folder", file=sys.stderr)
+            return 2
+        return merge_worker(a.merge_from)
     try:
         seeds = parse_seed_range(a.seeds)
     except ValueError:

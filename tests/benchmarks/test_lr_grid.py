@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks.learning import lr_grid, lr_grid_report
+from benchmarks.learning import lr_grid, lr_grid_report, seed_archive
 from exgrpo_core.evaluation import tuned
 
 START = "tiny-sft sha256:abc"
@@ -135,3 +135,32 @@ def test_the_grid_runs_seed_major_checks_reuse_first_and_prints_only_seed_counts
     assert not lr3e5["reuse"]["ok"] and "no archive" in lr3e5["reuse"]["why"]
     out = capsys.readouterr().out
     assert "complete seed blocks: 2" in out and "area" not in out and "interval" not in out
+
+
+def test_a_second_workers_seeds_merge_in_only_when_the_seeds_both_hold_agree(tmp_path, monkeypatch, capsys):
+    here, worker = tmp_path / "here", tmp_path / "worker"
+    here.mkdir()
+    worker.mkdir()
+    for folder, seeds in ((here, [0, 1, 2]), (worker, [2, 3])):
+        for cell in _cells(seeds, arms=("on_policy", "exgrpo")).values():
+            seed_archive.save({**cell, "path": str(folder / f"arith_compare_{cell['name']}_seeds.json")})
+    monkeypatch.setattr(lr_grid, "RESULTS", here)
+    bad = worker / f"arith_compare_{lr_grid.cell_name('1e-4')}_seeds.json"
+    good = bad.read_text()
+    doc = json.loads(good)
+    doc["seeds"]["2"]["results"][1]["row"]["heldout_auc"] += 0.001  # seed 2 ran differently there
+    bad.write_text(json.dumps(doc))
+    before = {p.name: p.read_text() for p in here.iterdir()}
+    assert lr_grid.main(["--merge-from", str(worker)]) == 2
+    assert "lr 1e-4 seed 2: exgrpo: heldout_auc" in capsys.readouterr().err
+    assert {p.name: p.read_text() for p in here.iterdir()} == before  # nothing written
+    bad.write_text(good)
+    assert lr_grid.main(["--merge-from", str(worker)]) == 0
+    assert capsys.readouterr().out.count("merged seeds [3]") == len(lr_grid.RATES)
+    for r in lr_grid.RATES:
+        merged = json.loads((here / f"arith_compare_{lr_grid.cell_name(r)}_seeds.json").read_text())
+        assert sorted(merged["seeds"], key=int) == ["0", "1", "2", "3"]
+    assert lr_grid.main(["--merge-from", str(worker)]) == 0
+    assert "merged seeds []" in capsys.readouterr().out
+    assert lr_grid.main(["--merge-from", str(tmp_path / "nope")]) == 2
+    assert "no such folder" in capsys.readouterr().err
