@@ -19,6 +19,7 @@ from exgrpo_core import metrics as M
 from exgrpo_core.config.schema import ExGRPOConfig
 from exgrpo_core.evaluation import evaluate as E, report as eval_report
 from flows.run_report import stage_name
+from flows.task_args import whole
 
 _task = task(cache_policy=NO_CACHE, persist_result=False)
 START_STEP = -1  # the step index an evaluation of the starting policy is stored at: step 0 (eval.at_start)
@@ -136,10 +137,10 @@ class TrainingEvaluator:
         """Evaluate the session's model now; sampling is spread over the run's processes (s.team)."""
         engine = s.team.engine_view(top_p=self.args["top_p"], batch_size=self.args["batch_size"],
                                     scores=False)  # tokens only (transformers engine): the same tokens
-        report = run_eval.with_options(task_run_name=stage_name("evaluate", step))(
+        report = whole(run_eval.with_options(task_run_name=stage_name("evaluate", step)))(
             s.accelerator.unwrap_model(s.model), s.tokenizer, self.items, s.verify, {**self.args, "engine": engine},
             label=f"eval step {M.step_number(step)}")
-        return record.with_options(task_run_name=stage_name("record evaluation", step))(
+        return whole(record.with_options(task_run_name=stage_name("record evaluation", step)))(
             report, store=s.store, run_id=s.run_id, step=step, tracker=tracker, out_dir=s.run_dir / "eval",
             label=self.cfg.run.name)
 

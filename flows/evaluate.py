@@ -26,6 +26,7 @@ from exgrpo_core.run import allocator, checkpoint as C
 from exgrpo_core.store.experience_store import ExperienceStore, StoreError, resolve_db_url
 from flows.eval_tasks import START_STEP, generation_args, load_items, record, run_eval
 from flows.param_secrets import scrub_this_flow_run
+from flows.task_args import whole
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 from flows.train_params import Text, Texts
 
@@ -107,9 +108,9 @@ def evaluate(preset: str = "tiny", overrides: Texts = [], model: Text = "", chec
             if torch.cuda.is_available():
                 policy = policy.cuda()
             with MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers) as v:
-                report = run_eval(policy, tokenizer, items, v.verify, generation_args(cfg))
-            summary = record(report, store=store, run_id=run_id, step=target.step, tracker=tracker,
-                             out_dir=target.run_dir / "eval", label=target.label)
+                report = whole(run_eval)(policy, tokenizer, items, v.verify, generation_args(cfg))
+            summary = whole(record)(report, store=store, run_id=run_id, step=target.step, tracker=tracker,
+                                    out_dir=target.run_dir / "eval", label=target.label)
         except BaseException:
             tracker.end("FAILED")
             raise

@@ -60,29 +60,40 @@ class Clock:
         return wrapper
 
 
-def instrument(clock: Clock, flows_train, tracking, store_cls, session_cls, plain: bool) -> None:
-    """Wrap the flow's tasks (outside and inside), MLflow logging, store calls and checkpoints.
+def instrument(clock: Clock, flows_train, tracking, store_cls, session_cls, plain: bool, walked: bool) -> None:
+    """Wrap the flow's tasks (outside, at `flows.train._named`, and inside), MLflow logging, store calls
+    and checkpoints.
 
     plain: call each task's function directly instead of through Prefect (the flow run stays), the
-    bound on what fewer tasks per iteration could save.
+    bound on what fewer tasks per iteration could save. walked: pass the arguments as Prefect does by
+    default, walking into each (the flow passes them whole: flows/task_args.py).
     """
     for name in TASKS:
         task = getattr(flows_train, name)
         task.fn = clock.timed("inside_tasks", task.fn)
-        task = task.fn if plain else task
+    if walked:
+        flows_train.whole = lambda task: task
+    named = flows_train._named
 
-        def outer(*a, __task=task, __name=name, **kw):
-            if __name == TASKS[0]:
+    def timed_named(task, stage, step):
+        if task.name not in TASKS:
+            return named(task, stage, step)
+        call = task.fn if plain else named(task, stage, step)
+
+        def outer(*a, **kw):
+            if task.name == TASKS[0]:
                 clock.step += 1
                 clock.rows.append(defaultdict(float))
                 clock.starts.append(time.perf_counter())
             t0 = time.perf_counter()
             try:
-                return __task(*a, **kw)
+                return call(*a, **kw)
             finally:
                 clock.add("task_calls", time.perf_counter() - t0)
                 clock.end = time.perf_counter()
-        setattr(flows_train, name, outer)
+        return outer
+
+    flows_train._named = timed_named
     tracking.MlflowRun.log_metrics = clock.timed("mlflow", tracking.MlflowRun.log_metrics)
     for method, key in STORE.items():
         setattr(store_cls, method, clock.timed(key, getattr(store_cls, method)))
@@ -106,8 +117,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="tiny")
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--tasks", choices=["prefect", "plain"], default="prefect",
-                    help="plain: stage functions called directly inside the flow (no Prefect tasks)")
+    ap.add_argument("--tasks", choices=["prefect", "walked", "plain"], default="prefect",
+                    help="walked: Prefect tasks with every argument walked (Prefect's default, the flow's "
+                         "before task_args.whole); plain: stage functions called directly (no Prefect tasks)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--tag", default="", help="suffix of the results file")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides")
@@ -127,7 +139,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     clock = Clock()
-    instrument(clock, flows_train, tracking, ExperienceStore, Session, plain=args.tasks == "plain")
+    instrument(clock, flows_train, tracking, ExperienceStore, Session, plain=args.tasks == "plain",
+               walked=args.tasks == "walked")
     out_dir = Path(tempfile.mkdtemp(prefix="exgrpo-orch-"))
     cfg = load_config(args.config, [f"run.output_dir={out_dir}", f"run.steps={args.steps}",
                                     "run.checkpoint_every=0", "run.resume=never", *args.set])
@@ -140,7 +153,7 @@ def main() -> None:
     for k in ("wall", "prefect", "mlflow", "db_writes", "overhead", "db_experience", "db_reads", "checkpoint"):
         print(f"{k:<14} {med[k]:>9.4f} {med[k] / med['wall']:>7.1%}")
     print(f"{'overhead share (median of per-step shares)':<44} {med['overhead_share']:.1%}")
-    tag = "_".join(t for t in (args.tasks if args.tasks == "plain" else "", args.tag) if t)
+    tag = "_".join(t for t in (args.tasks if args.tasks != "prefect" else "", args.tag) if t)
     name = f"orchestration_overhead_{args.config}{'_' + tag if tag else ''}.json"
     save_result(name, {"preset": args.config, "overrides": args.set, "steps": args.steps, "tasks": args.tasks,
                        "threads": torch.get_num_threads(),
