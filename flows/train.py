@@ -30,6 +30,7 @@ from flows.eval_tasks import TrainingEvaluator
 from flows.planned_end import planned_state, quiet_planned_ends
 from flows.plots import write_run_pictures
 from flows.run_report import FlowRunReport, cli_equivalent, link_tags, stage_name
+from flows.task_args import whole
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 from flows.train_params import AlreadyFinishedError, Preset, ReplayRatio, Steps, finished_run, run_config
 
@@ -199,7 +200,8 @@ def _quiet_task_runs():
 
 
 def _named(t, stage: str, step: int):
-    return t.with_options(task_run_name=stage_name(stage, step))
+    """Task `t` as the task run '<stage> <step>', its arguments passed whole (flows/task_args.py)."""
+    return whole(t.with_options(task_run_name=stage_name(stage, step)))
 
 
 class _Entropies:
