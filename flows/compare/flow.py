@@ -26,6 +26,7 @@ from flows.compare.arms import ArmName, ArmRun, build_arm_runs, can_evaluate, pa
 from flows.compare.parallel import finished_summary
 from flows.param_secrets import scrub_this_flow_run
 from flows.run_report import artifact_key, link_tags
+from flows.task_args import whole
 from flows.tracking import MlflowRun, check_server, open_store, resolve_tracking_uri
 from flows.train import train
 from flows.train_params import Count, Text, Texts
@@ -95,11 +96,11 @@ def compare(preset: str = "tiny", overrides: Texts = [], arms: list[ArmName] | S
             summary = finished_summary(run.cfg)
             print(f"arm {run.arm} seed {run.seed}: run {run.cfg.run.name}" + (" (finished: read back)" if summary else ""))
             summary = summary or train(preset=preset, config=hide(run.cfg), parent_mlflow_run_id=parent.run_id)
-            results.append(collect(run, summary))
+            results.append(whole(collect)(run, summary))
             if i + 1 < len(runs) and runs[i + 1].seed != run.seed:  # a seed's arms are all done: a matched
-                write_report(results, str(out_dir), name, meta)      # partial report, should the rest be cut off
+                whole(write_report)(results, str(out_dir), name, meta)  # partial report, should the rest be cut off
         where = par.report_dir(results, out_dir, name)  # never over a report of finished children only
-        paths = write_report(results, str(where), name, meta)
+        paths = whole(write_report)(results, str(where), name, meta)
         for path in paths.values() if where == out_dir else ():  # the parent run keeps that report too
             parent.mlflow.MlflowClient().log_artifact(parent.run_id, path)
         _publish(name, paths["md"], complete=where == out_dir)
