@@ -19,5 +19,4 @@ def whole(task) -> Callable[..., Any]:
     def call(*args, **kwargs):
         return task(*(opaque(a) for a in args), **{k: opaque(v) for k, v in kwargs.items()})
 
-    call.task = task
     return call
