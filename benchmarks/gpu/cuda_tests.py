@@ -1,12 +1,17 @@
 """Section (e) of benchmarks/gpu_check.sh: the tests marked `gpu` (pytest -m gpu, in the files that use the
 marker), with pass / fail / skip counts and the failures' names. On a CPU they skip with a reason: the
 section then shows that they were collected. Writes cuda_tests.json (and the JUnit XML beside it).
+pytest's verbose log streams to cuda_tests.log, so a run cut off by its time limit still records the
+tests that finished (the H200 rerun of 2026-11-27 lost them all). The limit defaults to the section's
+(GPU_SECTION_LIMIT, set by gpu_check.sh) less 15 s.
 
     python benchmarks/gpu/cuda_tests.py [--tiny] [--out DIR] [--timeout S]
 """
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -23,21 +28,40 @@ def marked_files() -> list[str]:
                   if "mark.gpu" in p.read_text(errors="replace"))
 
 
+def finished_in_log(text: str) -> dict[str, list[str]]:
+    """Outcomes of the tests pytest -v reported before it was stopped: {"PASSED": [nodeid, ...], ...}."""
+    out: dict[str, list[str]] = {}
+    for node, outcome in re.findall(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED)", text, flags=re.M):
+        out.setdefault(outcome, []).append(node)
+    return out
+
+
 def main() -> None:
-    args = parse(__doc__, lambda ap: ap.add_argument("--timeout", type=int, default=240))
+    limit = int(os.environ.get("GPU_SECTION_LIMIT", "255")) - 15
+    args = parse(__doc__, lambda ap: ap.add_argument("--timeout", type=int, default=limit))
     rep = Report("cuda_tests", args)
     files = marked_files()
-    xml = Path(args.out) / "cuda_tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *files]
+    xml, log = Path(args.out) / "cuda_tests.xml", Path(args.out) / "cuda_tests.log"
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "--durations=0", "-p", "no:cacheprovider",
+           f"--junitxml={xml}", *files]
     rep.add("files", files)
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
-        rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
-    except subprocess.TimeoutExpired as e:
-        rc, tail = "timeout", str(e.stdout or "")[-3000:]
+    with log.open("w") as sink:
+        try:
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    text = log.read_text(errors="replace")
+    tail = text[-3000:]
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
     failed, skipped = [], []
-    if xml.exists():
+    if rc == "timeout":  # no JUnit XML: what the streamed log says finished
+        done = finished_in_log(text)
+        counts = {"passed": len(done.get("PASSED", [])), "failed": len(done.get("FAILED", [])),
+                  "errors": len(done.get("ERROR", [])), "skipped": len(done.get("SKIPPED", []))}
+        failed = done.get("FAILED", []) + done.get("ERROR", [])
+        skipped = done.get("SKIPPED", [])
+        rep.add("cut_off_after_seconds", args.timeout)
+    elif xml.exists():
         for case in ET.parse(xml).getroot().iter("testcase"):
             name = f"{case.get('classname')}::{case.get('name')}"
             if case.find("failure") is not None:
