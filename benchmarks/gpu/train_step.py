@@ -9,13 +9,16 @@ Variants, each a session opened with its overrides (cumulative, so each row adds
 MFU = useful model FLOPs (training/flops.py, PaLM's convention) / synchronised seconds / dense bf16 peak;
 HFU counts what ran: padding (executed / useful tokens of the micro-batch plan) and, with
 checkpointing, the recomputed forward (8N instead of 6N per token). Host syncs per optimiser step are
-counted over one call (`host_syncs.HostSyncCounter`). Writes train_step.json.
+counted over one call (`host_syncs.HostSyncCounter`). The last variant's call is profiled, its top
+operators also grouped by input shape (which tensors the time goes to). Writes train_step.json.
 
-    python benchmarks/gpu/train_step.py [--tiny] [--out DIR]
+    python benchmarks/gpu/train_step.py [--tiny] [--out DIR] [--variants +packed]
+    (gpu_check.sh passes TRAIN_STEP_VARIANTS as --variants when set)
 """
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import sys
@@ -111,19 +114,25 @@ def profile_call(call) -> dict:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     sync()
     t0 = time.perf_counter()
-    with torch_profile(activities=acts) as prof:
+    with torch_profile(activities=acts, record_shapes=True) as prof:
         call()
         sync()
     wall = time.perf_counter() - t0
     kernels, busy = cuda_kernels(prof)
     key = (lambda a: a.self_device_time_total) if cuda else (lambda a: a.self_cpu_time_total)
     top = sorted(prof.key_averages(), key=lambda a: -key(a))[:12]
+    shaped = sorted((a for a in prof.key_averages(group_by_input_shape=True) if a.key.startswith("aten::")),
+                    key=lambda a: -key(a))[:16]
     return {"wall_ms": wall * 1e3, "gpu_busy_ms": busy, "kernels": len(kernels),
-            "top": [{"name": a.key[:160], "calls": a.count, "ms": key(a) / 1e3} for a in top]}
+            "top": [{"name": a.key[:160], "calls": a.count, "ms": key(a) / 1e3} for a in top],
+            "top_by_shape": [{"name": a.key, "shapes": str(a.input_shapes)[:200], "calls": a.count,
+                              "ms": key(a) / 1e3} for a in shaped]}
 
 
 def main() -> None:
-    args = parse(__doc__)
+    args = parse(__doc__, lambda ap: ap.add_argument(
+        "--variants", default=os.environ.get("TRAIN_STEP_VARIANTS", ""),
+        help="comma-separated variant names to run (default: all)"))
     import copy
 
     import torch
@@ -139,6 +148,12 @@ def main() -> None:
                       "peak_bf16_tflops": peak})
     rep.add("layout_rule", layout_rule(args.tiny))
     variants = [v for v in VARIANTS if has_packing() or v[0] != "+packed"]
+    if args.variants:
+        wanted = args.variants.split(",")
+        unknown = sorted(set(wanted) - {n for n, _ in VARIANTS})
+        if unknown:
+            sys.exit(f"train_step: no variant {', '.join(unknown)} (variants: {', '.join(n for n, _ in VARIANTS)})")
+        variants = [v for v in variants if v[0] in wanted]
     if not has_packing():
         rep.add("+packed", "not measured: this checkout has no train.pack_sequences")
     extra = ["train.micro_batch_size=4", "train.micro_batch_tokens=64"] if args.tiny else []
