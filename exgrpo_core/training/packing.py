@@ -159,17 +159,16 @@ def packed_logprobs_and_entropy(model, ids: torch.Tensor, p: Packed, *, with_ent
     `ids` [n, width] as `pack` indexed them -> [n, width] float32 each, 0 where nothing is scored.
     The values of `policy.token_logprobs_and_entropy` (score_mask = the response mask), up to rounding."""
     from exgrpo_core.training.forward_parts import head_at
-    from exgrpo_core.training.policy import _block_scores
+    from exgrpo_core.training.policy import _block_scores, split_blocks
 
     flat_ids = ids.reshape(-1)
     seq = flat_ids.index_select(0, p.src)[None]  # [1, S]
     targets = flat_ids.index_select(0, p.tgt)  # [M]
-    m = p.tgt.numel()
     with packed_attention(model), head_at(model, torch.zeros_like(p.at), p.at, (1, p.tokens)) as tap:
         logits = model(input_ids=seq, position_ids=p.pos[None], use_cache=False, exgrpo_packed=p).logits
     flat = logits[0] if tap.hit else logits[0].index_select(0, p.at)  # [M, V]
-    pieces = [_block_scores(flat[s:s + chunk_positions], targets[s:s + chunk_positions], temperature, with_entropy)
-              for s in range(0, m, chunk_positions)]
+    pieces = [_block_scores(b, t, temperature, with_entropy)
+              for b, t in zip(split_blocks(flat, chunk_positions), targets.split(chunk_positions))]
 
     def place(values: list[torch.Tensor]) -> torch.Tensor:
         x = torch.zeros(p.n * p.width, dtype=torch.float32, device=ids.device)

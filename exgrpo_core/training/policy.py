@@ -94,6 +94,14 @@ def _check_inputs(input_ids, attention_mask, micro_batch_size, temperature, chun
                                "(one contiguous run of real tokens) is supported")
 
 
+def split_blocks(flat: torch.Tensor, rows: int) -> tuple[torch.Tensor, ...]:
+    """[M, V] -> blocks of `rows` positions whose backward writes one [M, V] gradient (split's: a
+    concatenation). Slicing each block instead gives each a zero-filled [M, V] gradient that autograd
+    then adds up: on an H200 (Qwen2.5-0.5B shape, 15k positions x 151,936) 15 fills and 14 adds of 9 GB,
+    121 of an optimiser call's 400 GPU-busy ms."""
+    return flat.split(rows)
+
+
 def _block_scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(target) and H for one contiguous block of positions: logits [c, V], targets [c]."""
@@ -192,14 +200,14 @@ def _micro_forward(model, ids: torch.Tensor, am: torch.Tensor, with_entropy: boo
         else:
             logits = logits[:, logits.shape[1] - (hi - lo - first):]  # column j predicts ids[:, first + j + 1]
 
-    def block(s: int) -> torch.Tensor:  # [c, V]: the logits of scored positions s .. s + c
-        if flat is not None:  # [M, V], entry i scores (rows[i], pos[i])
-            return flat[s:s + chunk_positions]
-        return logits[rows[s:s + chunk_positions], pos[s:s + chunk_positions]]
-
+    if flat is not None:  # [M, V], entry i scores (rows[i], pos[i]); blocks as in `split_blocks`
+        blocks = split_blocks(flat, chunk_positions)
+    else:  # [c, V]: the logits of scored positions s .. s + c
+        blocks = [logits[rows[s:s + chunk_positions], pos[s:s + chunk_positions]]
+                  for s in range(0, rows.numel(), chunk_positions)]
     shape = (n, hi - lo - 1 - first)  # [n, l-1-first]: the scored columns onward
-    pieces = [_block_scores(block(s), targets[s:s + chunk_positions], temperature, with_entropy)
-              for s in range(0, rows.numel(), chunk_positions)]
+    pieces = [_block_scores(b, t, temperature, with_entropy)
+              for b, t in zip(blocks, targets.split(chunk_positions))]
     pad = (lo + 1 + first, width - hi)
 
     def place(values: list[torch.Tensor]) -> torch.Tensor:
