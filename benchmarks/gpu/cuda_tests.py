@@ -1,6 +1,7 @@
 """Section (e) of benchmarks/gpu_check.sh: the tests marked `gpu` (pytest -m gpu, in the files that use the
 marker), with pass / fail / skip counts and the failures' names. On a CPU they skip with a reason: the
-section then shows that they were collected. Writes cuda_tests.json (and the JUnit XML beside it).
+section then shows that they were collected. Writes cuda_tests.json (the JUnit XML it reads stays in a
+scratch folder: the lent machine returns at most 8 files per call).
 pytest's verbose log streams to cuda_tests.log, so a run cut off by its time limit still records the
 tests that finished (the H200 rerun of 2026-11-27 lost them all). The limit defaults to the section's
 (GPU_SECTION_LIMIT, set by gpu_check.sh) less 15 s.
@@ -14,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -41,7 +43,7 @@ def main() -> None:
     args = parse(__doc__, lambda ap: ap.add_argument("--timeout", type=int, default=limit))
     rep = Report("cuda_tests", args)
     files = marked_files()
-    xml, log = Path(args.out) / "cuda_tests.xml", Path(args.out) / "cuda_tests.log"
+    xml, log = Path(tempfile.mkdtemp(prefix="cuda_tests_")) / "cuda_tests.xml", Path(args.out) / "cuda_tests.log"
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "--durations=0", "-p", "no:cacheprovider",
            f"--junitxml={xml}", *files]
     rep.add("files", files)
