@@ -43,7 +43,8 @@ def main() -> None:
     args = parse(__doc__, lambda ap: ap.add_argument("--timeout", type=int, default=limit))
     rep = Report("cuda_tests", args)
     files = marked_files()
-    xml, log = Path(tempfile.mkdtemp(prefix="cuda_tests_")) / "cuda_tests.xml", Path(args.out) / "cuda_tests.log"
+    scratch = tempfile.TemporaryDirectory(prefix="cuda_tests_")
+    xml, log = Path(scratch.name) / "cuda_tests.xml", Path(args.out) / "cuda_tests.log"
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "--durations=0", "-p", "no:cacheprovider",
            f"--junitxml={xml}", *files]
     rep.add("files", files)
@@ -77,6 +78,7 @@ def main() -> None:
                 skipped.append(f"{name}: {case.find('skipped').get('message', '')[:120]}")
             else:
                 counts["passed"] += 1
+    scratch.cleanup()
     rep.add("counts", counts)
     rep.add("failed", failed)
     rep.add("skipped", skipped[:40])

@@ -9,6 +9,7 @@ rounds, median seconds and the [M, V] tensors the backward makes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -49,10 +50,7 @@ def one_pass(blocks, hidden, weight, targets, chunk, count=False) -> tuple[float
     pieces = [policy._block_scores(b, t, 1.0, True) for b, t in zip(blocks(flat, chunk), targets.split(chunk))]
     loss = sum(lp.sum() + 0.01 * h.sum() for lp, h in pieces)
     mode = Made(flat.numel()) if count else None
-    if mode:
-        with mode:
-            loss.backward()
-    else:
+    with mode or contextlib.nullcontext():
         loss.backward()
     return time.perf_counter() - t0, (mode.count if mode else -1)
 
