@@ -15,9 +15,15 @@ console = Console(highlight=False, soft_wrap=True)
 
 def cmd_rollout_server(args: argparse.Namespace) -> int:
     """Run a stock `vllm serve` with the flags rollout.engine=remote needs (printed first; --dry-run stops there)."""
-    from exgrpo_core.rollout.remote import API_KEY_ENV, PIP_HINT, serve_command, serve_env
+    from exgrpo_core.rollout.remote import API_KEY_ENV, PIP_HINT, bind_flag, serve_command, serve_env
 
     extra = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
+    bound = next((a for a in extra if bind_flag(a)), None)
+    if bound:  # vLLM keeps the last --host: it would move past the key gate's loopback bind
+        console.print("[red]error[/red]: " + escape(f"{bound} after `--` would override where vLLM listens "
+                                                    "(and the key gate's loopback bind): use exgrpo "
+                                                    "rollout-server's own --host / --port"))
+        return 2
     cmd = serve_command(args.model, host=args.host, port=args.port, dtype=args.dtype, seed=args.seed,
                         tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
                         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,

@@ -92,11 +92,18 @@ def free_loopback_port() -> int:
 
 
 def behind_gate(cmd: list[str], port: int) -> list[str]:
-    """The `vllm serve` command moved to 127.0.0.1:`port` (its --host and --port replaced)."""
-    out = list(cmd)
-    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port))):
-        out[out.index(flag) + 1] = value
-    return out
+    """The `vllm serve` command moved to 127.0.0.1:`port`: every --host / --port it has (also --flag=value
+    and abbreviated) dropped, then exactly one of each appended."""
+    from exgrpo_core.rollout.remote import bind_flag
+
+    out, rest = [], iter(cmd)
+    for arg in rest:
+        if bind_flag(arg):
+            if "=" not in arg:
+                next(rest, None)  # its value
+            continue
+        out.append(arg)
+    return out + ["--host", "127.0.0.1", "--port", str(port)]
 
 
 def serve(cmd: list[str], env: dict[str, str], host: str, port: int, key: str) -> int:

@@ -133,9 +133,20 @@ class RolloutConfig(_Section):
     environment variable, which keeps it out of the saved config. vLLM checks it on /v1 and /inference only."""
     server_group_host: str | None = None
     """(remote) This machine's address that the server's GPU workers connect to for the NCCL weight
-    transfer (default: this machine's address on the route to the server)."""
+    transfer (default: this machine's address on the route to the server). The rendezvous (vLLM's
+    TCPStore) has no key and listens on this address only: name an interface the server reaches on a
+    private network; a wildcard (0.0.0.0, ::) is refused."""
     server_group_port: int = Field(default=0, ge=0, le=65535)
     """(remote) Port of that rendezvous (the trainer hosts it); 0: a free one. Must be reachable from the server."""
+
+    @field_validator("server_group_host")
+    @classmethod
+    def _one_interface(cls, v):
+        if v is not None and v.strip("[]") in ("0.0.0.0", "::", ""):
+            raise ValueError(f"rollout.server_group_host {v!r} would open the unauthenticated weight-transfer "
+                             "rendezvous on every interface (and the server's workers cannot connect to it): "
+                             "name this machine's address on the network the rollout server reaches")
+        return v
 
     @model_validator(mode="before")
     @classmethod

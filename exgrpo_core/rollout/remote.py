@@ -9,8 +9,11 @@ RL interface. `exgrpo rollout-server` starts that server with the flags below (`
 - `push_weights`: POST /pause (in-flight requests drained, KV and prefix caches cleared), vLLM's trainer-side
   NCCL weight-transfer engine (start_weight_update -> update_weights + broadcast -> finish_weight_update,
   labelled with a new weight version), POST /resume, then GET /weight_info must name that version.
-- `checksums` and `probe` (what engine_sync checks every push with): sha256 digests from /weight_checker
-  against the bytes pushed, and the prompt log-probs of a fixed sequence.
+- `checksums` and `probe` (what engine_sync checks every push with): float64 sums of the checked (norm)
+  weights from every worker, through /collective_rpc into our worker extension (`--worker-extension-cls`,
+  one replica); with several data-parallel replicas (/collective_rpc answers with the first replica's
+  workers only) or without the extension, sha256 digests of every weight from /weight_checker; and the
+  prompt log-probs of a fixed sequence.
 The transfer sits behind one seam, `open_transfer(client, params, dtype)`: `nccl_transfer` here; the tests
 substitute a CPU stand-in (vLLM is not installed there). Sampling is seeded on the server (`--seed`), not
 per request, so a resumed run does not repeat an uninterrupted run's draws.
@@ -35,12 +38,16 @@ import torch
 
 from exgrpo_core.rollout.engine import sample_counts
 from exgrpo_core.rollout.sync import EngineSyncError, checksum, is_checked
-from exgrpo_core.rollout.vllm_engine import VLLMUnavailable, generation_from_vllm
+from exgrpo_core.rollout.vllm_engine import VLLMUnavailable, WeightSyncExtension, generation_from_vllm
 from exgrpo_core.types import Generation
 
 API_KEY_ENV = "EXGRPO_ROLLOUT_API_KEY"
 """Environment variable holding the server's API key (`exgrpo rollout-server` hands it to vLLM as VLLM_API_KEY)."""
 PIP_HINT = "pip install exgrpo[vllm]"
+EXTENSION = f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qualname__}"
+"""The worker extension `vllm serve` loads (--worker-extension-cls): the checksum RPC below."""
+CHECK_RPC = WeightSyncExtension.exgrpo_checksums.__name__
+BIND_FLAGS = ("--host", "--port")
 
 
 class RemoteEngineError(RuntimeError):
@@ -62,10 +69,17 @@ def serve_command(model: str, *, host: str = "127.0.0.1", port: int = 8000, dtyp
            "--tensor-parallel-size", str(tensor_parallel_size), "--data-parallel-size", str(data_parallel_size),
            "--gpu-memory-utilization", str(gpu_memory_utilization),
            "--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
-           "--weight-transfer-config", json.dumps({"backend": "nccl"})]
+           "--weight-transfer-config", json.dumps({"backend": "nccl"}), "--worker-extension-cls", EXTENSION]
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]
     return cmd + list(extra)
+
+
+def bind_flag(arg: str) -> str | None:
+    """"--host" or "--port" when `arg` sets that flag of `vllm serve` (also as --flag=value, or abbreviated as
+    argparse allows), else None."""
+    name = arg.split("=", 1)[0]
+    return next((f for f in BIND_FLAGS if len(name) > 3 and f.startswith(name)), None)
 
 
 def serve_env(cmd: list[str]) -> tuple[dict[str, str], str]:
@@ -180,7 +194,8 @@ def nccl_transfer(client: ServerClient, params: list[tuple[str, tuple[int, ...]]
                 yield n, t.detach().to("cuda", dtype).contiguous()
 
     workers = int(client.call("GET", "/get_world_size")["world_size"])  # TP x PP x DP
-    info = NCCLTrainerInitInfo(master_address=host or address_towards(client.url), master_port=port or free_port(),
+    address = host or address_towards(client.url)  # vLLM's rendezvous store listens on this address only
+    info = NCCLTrainerInitInfo(master_address=address, master_port=port or free_port(address),
                                world_size=workers + 1, rank=0)
     source = StreamSource()
     engine = WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
@@ -199,9 +214,11 @@ def address_towards(url: str) -> str:
         return s.getsockname()[0]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
+def free_port(host: str = "") -> int:
+    """A port free on `host`'s interface ("": every interface)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -209,6 +226,7 @@ class RemoteEngine:
     """The trainer's handle on a `vllm serve` rollout server (see the module docstring)."""
 
     shared_by_processes = True  # several training processes sample on one server; rank 0 pushes
+    tunable = frozenset({"top_p"})  # the server batches
 
     def __init__(self, url: str, tokenizer, *, params: list[tuple[str, tuple[int, ...]]], eos_ids: list[int],
                  weight_dtype: torch.dtype = torch.bfloat16, top_p: float = 1.0, timeout_s: float = 600.0,
@@ -217,10 +235,11 @@ class RemoteEngine:
         self.tokenizer, self.params, self.weight_dtype, self.top_p = tokenizer, list(params), weight_dtype, top_p
         self.eos_ids = [int(t) for t in eos_ids]
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
-        self.batch_size = None  # the server batches; kept so evaluation settings can be applied alike
         self.open_transfer, self.transfer, self.max_requests = open_transfer or nccl_transfer, None, max_requests
         self.run_tag, self.pushes, self.version = uuid.uuid4().hex[:8], 0, None
         self.pushed: dict[str, tuple[str, float]] = {}  # checked name -> (digest, checksum) of what was pushed
+        self.check_by_rpc: bool | None = None  # decided at the first check
+        self.workers = 0  # of one replica (TP x PP), read then
         check_server(self.client)
 
     def _post_generate(self, body: dict) -> dict:
@@ -281,9 +300,38 @@ class RemoteEngine:
         return sent
 
     def checksums(self, names: list[str]) -> dict[str, float]:
-        """For each name whose pushed bytes every replica and tensor-parallel rank holds exactly (sha256 digests
-        from /weight_checker), the checksum of the tensor pushed; names that differ or are missing are left out,
-        which engine_sync reports as a failed check."""
+        """The server's checksums of `names` (engine_sync compares them with the pushed tensors'; a name left
+        out fails the check). One replica: its workers' float64 sums, through the worker extension; several
+        (or no extension on the server): sha256 digests of every weight from /weight_checker."""
+        if self.check_by_rpc is None:
+            one_replica = self.client.call("GET", "/get_world_size", query={"include_dp": "false"})["world_size"]
+            self.check_by_rpc = one_replica == self.client.call("GET", "/get_world_size")["world_size"]
+            self.workers = int(one_replica)
+        if self.check_by_rpc:
+            try:
+                return self._rpc_checksums(names)
+            except RemoteEngineError as e:
+                if "HTTP 401" in str(e):
+                    raise
+                self.check_by_rpc = False  # started without --worker-extension-cls: digests from now on
+        return self._digest_checksums(names)
+
+    def _rpc_checksums(self, names: list[str]) -> dict[str, float]:
+        """Per name, of every worker's sum the one farthest from the pushed tensor's (any worker off fails)."""
+        results = self.client.call("POST", "/collective_rpc", {"method": CHECK_RPC, "args": [list(names)]})["results"]
+        if len(results) != self.workers or not all(isinstance(r, dict) for r in results):
+            raise EngineSyncError(f"the rollout server's {CHECK_RPC} answered for {len(results)} workers, "
+                                  f"it has {self.workers}")
+        out = {}
+        for n in names:
+            sums = [r.get(n) for r in results]
+            if n in self.pushed and None not in sums:
+                out[n] = max((float(v) for v in sums), key=lambda v: abs(v - self.pushed[n][1]))
+        return out
+
+    def _digest_checksums(self, names: list[str]) -> dict[str, float]:
+        """For each name whose pushed bytes every replica and tensor-parallel rank holds exactly, the checksum
+        of the tensor pushed; names that differ or are missing are left out."""
         digests = self.client.call("POST", "/weight_checker", {"action": "checksum"})["checksums"]
         held: dict[str, dict[str, set[str]]] = {}  # name -> data-parallel replica -> digests
         for key, value in digests.items():

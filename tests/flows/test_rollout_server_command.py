@@ -9,8 +9,14 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+from pathlib import Path
+
+import pytest
 
 from flows.cli import main
+
+CONTRACT = json.loads((Path(__file__).resolve().parents[2] / "exgrpo_core" / "rollout" / "vllm_contract.json")
+                      .read_text())
 
 
 def test_dry_run_prints_the_vllm_serve_command(capsys, monkeypatch):
@@ -33,8 +39,10 @@ def test_dry_run_prints_the_vllm_serve_command(capsys, monkeypatch):
                      "--tensor-parallel-size": "2", "--data-parallel-size": "4", "--gpu-memory-utilization": "0.9",
                      "--logprobs-mode": "processed_logprobs", "--generation-config": "vllm",
                      "--weight-transfer-config": '{"backend": "nccl"}', "--max-model-len": "9216",
-                     "--max-num-seqs": "512"}
+                     "--max-num-seqs": "512",
+                     "--worker-extension-cls": "exgrpo_core.rollout.vllm_engine.WeightSyncExtension"}
     assert json.loads(flags["--weight-transfer-config"]) == {"backend": "nccl"}
+    assert "worker_extension_cls" in CONTRACT["classes"]["EngineArgs"]["fields"]  # vllm serve has the flag
     assert "rollout.server_url=http://10.0.0.5:8000" in out
 
 
@@ -47,3 +55,23 @@ def test_without_vllm_it_is_one_clear_line(capsys, monkeypatch):
     errors = [line for line in out.splitlines() if line.startswith("error")]
     assert errors == ["error: `exgrpo rollout-server` runs `vllm serve`, which is not installed here: "
                       "`pip install exgrpo[vllm]` on the rollout node"]
+
+
+@pytest.mark.parametrize("passed", [["--host", "0.0.0.0"], ["--host=0.0.0.0"], ["--port", "9000"], ["--port=9000"],
+                                    ["--max-num-seqs", "8", "--hos", "0.0.0.0"]])
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_host_or_port_passed_through_to_vllm_is_refused(capsys, monkeypatch, passed, dry_run):
+    """vLLM keeps the last --host: one after `--` would undo the loopback bind the key gate sets."""
+    monkeypatch.setenv("EXGRPO_ROLLOUT_API_KEY", "s3cret")
+    from flows import rollout_gate
+
+    started = []
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: started.append(name) or "/bin/vllm")
+    monkeypatch.setattr(rollout_gate, "serve", lambda *a: started.append("serve") or 0)
+    code = main(["rollout-server", "--model", "m", "--host", "10.0.0.5", *(["--dry-run"] if dry_run else []),
+                 "--", *passed])
+    out = capsys.readouterr().out
+    assert code == 2 and started == []  # nothing printed to run, nothing started
+    flag = next(a for a in passed if a.startswith(("--ho", "--po")))
+    assert out.splitlines() == [f"error: {flag} after `--` would override where vLLM listens (and the key gate's "
+                                "loopback bind): use exgrpo rollout-server's own --host / --port"]

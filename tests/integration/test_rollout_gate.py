@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import sys
 import threading
 import urllib.error
@@ -101,3 +102,27 @@ def test_rollout_server_beyond_loopback_needs_the_key_and_runs_behind_the_gate(c
     assert (host, port) == ("10.0.0.5", 8123) and cmd[:3] == ["vllm", "serve", "m"]
     inner = rollout_gate.behind_gate(cmd, 9001)  # vLLM itself listens on loopback only
     assert inner[inner.index("--host") + 1] == "127.0.0.1" and inner[inner.index("--port") + 1] == "9001"
+
+
+def test_behind_gate_leaves_exactly_one_loopback_host_and_port():
+    cmd = ["vllm", "serve", "m", "--host", "10.0.0.5", "--port", "8000", "--dtype", "bfloat16",
+           "--host=0.0.0.0", "--max-num-seqs", "8", "--por", "1234", "--port=80"]
+    inner = rollout_gate.behind_gate(cmd, 9001)
+    assert inner == ["vllm", "serve", "m", "--dtype", "bfloat16", "--max-num-seqs", "8",
+                     "--host", "127.0.0.1", "--port", "9001"]
+
+
+def test_the_weight_transfer_rendezvous_listens_on_one_named_interface():
+    """The trainer's TCPStore has no key: a wildcard address is refused; the port is picked on the address."""
+    from pydantic import ValidationError
+
+    from exgrpo_core.config.schema import RolloutConfig
+    from exgrpo_core.rollout.remote import free_port
+
+    for wildcard in ("0.0.0.0", "::", "[::]"):
+        with pytest.raises(ValidationError, match="every interface"):
+            RolloutConfig(server_group_host=wildcard)
+    assert RolloutConfig(server_group_host="10.0.0.7").server_group_host == "10.0.0.7"
+    port = free_port("127.0.0.1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free there

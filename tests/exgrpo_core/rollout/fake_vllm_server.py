@@ -6,6 +6,11 @@ vllm_contract.json in test_fake_vllm_server.py, so the stand-in cannot drift fro
 Weights: vLLM's NCCL engine sends the tensors by broadcast while POST /update_weights names them; here
 `cpu_transfer` (the trainer side, in place of remote.nccl_transfer) puts them on an in-process queue that
 /update_weights reads in the order it was told, as vLLM's unpacked receive_weights does (nccl_engine.py).
+
+POST /collective_rpc (vllm/entrypoints/serve/dev/rpc/api_router.py) calls `method` with the JSON `args` on
+every worker of the first replica only (DPLBAsyncMPClient.call_utility_async returns the first engine's
+answer) and answers {"results": [one per worker]}; a method the workers lack fails (HTTP 500). Our worker
+extension (`exgrpo rollout-server` passes --worker-extension-cls) is mixed in unless `extension=False`.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ import torch
 
 # (method, path) -> body / query names read, from vllm_contract.json's routes (vllm/entrypoints/rl/online/api_router.py,
 # vllm/entrypoints/scale_out/token_in_token_out/api_router.py, vllm/entrypoints/openai/models/api_router.py)
-ROUTES = {("GET", "/v1/models"): (), ("GET", "/get_world_size"): (), ("POST", "/pause"): ("mode", "clear_cache"),
+ROUTES = {("GET", "/v1/models"): (), ("GET", "/get_world_size"): ("include_dp",), ("POST", "/pause"): ("mode", "clear_cache"),
           ("POST", "/resume"): (), ("POST", "/init_weight_transfer_engine"): ("init_info",),
           ("POST", "/start_weight_update"): (), ("POST", "/update_weights"): ("update_info",),
           ("POST", "/finish_weight_update"): ("weight_version",), ("GET", "/weight_info"): (),
           ("POST", "/weight_checker"): ("action", "baseline"),
+          ("POST", "/collective_rpc"): ("method", "args", "kwargs", "timeout"),
           ("POST", "/inference/v1/generate"): ("token_ids", "sampling_params")}
 SAMPLING_READ = ("n", "temperature", "top_p", "max_tokens", "logprobs", "prompt_logprobs", "stop_token_ids", "detokenize")
 INIT_INFO = ("master_address", "master_port", "rank_offset", "world_size", "packed")  # NCCLWeightTransferInitInfo
@@ -37,8 +43,13 @@ GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")  # vllm/entrypoints/ser
 class FakeVLLMServer:
     """Serves `model` on 127.0.0.1; `stale=True` takes pushed tensors off the wire but never loads them."""
 
-    def __init__(self, model, *, api_key: str | None = None, seed: int = 0, replicas: int = 1):
+    def __init__(self, model, *, api_key: str | None = None, seed: int = 0, replicas: int = 1,
+                 extension: bool = True):
+        from exgrpo_core.rollout.vllm_engine import WeightSyncExtension
+
         self.model = model.eval().requires_grad_(False)
+        base = (WeightSyncExtension, _Worker) if extension else (_Worker,)
+        self.worker = type("Worker", base, {})(self.model)  # one per replica (tensor-parallel size 1)
         self.api_key, self.replicas, self.stale = api_key, replicas, False
         self.version, self.paused, self.updating, self.init_info = "default", False, False, None
         self.wire: queue.Queue = queue.Queue()
@@ -63,8 +74,9 @@ class FakeVLLMServer:
             return 404, {"detail": "Not Found"}
         if path == "/v1/models":
             return 200, {"object": "list", "data": [{"id": "tiny", "object": "model"}]}
-        if path == "/get_world_size":
-            return 200, {"world_size": self.replicas}
+        if path == "/get_world_size":  # TP x PP x DP, or TP x PP with include_dp=false
+            per_dp = query.get("include_dp", "true").lower() in ("false", "0", "no", "off")
+            return 200, {"world_size": 1 if per_dp else self.replicas}
         if path == "/pause":
             self.paused = True
             return 200, {"status": "paused"}
@@ -88,6 +100,8 @@ class FakeVLLMServer:
             return 200, {"weight_version": self.version}
         if path == "/weight_checker":
             return 200, {"checksums": self.checksums()}
+        if path == "/collective_rpc":
+            return self._rpc(body)
         if self.paused:
             return 503, {"error": {"message": "generation is paused", "code": 503}}
         if not body.get("token_ids"):
@@ -109,6 +123,16 @@ class FakeVLLMServer:
             if not self.stale:
                 params[name].copy_(tensor)
         return 200, {"message": "Weights updated"}
+
+    def _rpc(self, body: dict):
+        if body.get("method") is None:
+            return 400, {"detail": "Missing 'method' in request body"}
+        fn = getattr(self.worker, body["method"], None)
+        if fn is None:
+            return 500, {"detail": "Internal Server Error"}  # the worker's AttributeError
+        with self.lock:
+            result = fn(*body.get("args", []), **body.get("kwargs", {}))
+        return 200, {"results": [result if result is None or isinstance(result, (dict, list)) else str(result)]}
 
     def checksums(self) -> dict[str, str]:
         """vLLM's per-worker digests (gpu_worker.py compute_weight_checksums, weight_checksum.py)."""
@@ -143,6 +167,16 @@ class FakeVLLMServer:
                                   for j, t in enumerate(prompt[1:])]
         return {"request_id": "generate-tokens-0", "output_mode": "tokens", "choices": choices,
                 "prompt_logprobs": prompt_lp}
+
+
+class _Worker:
+    """What our worker extension uses of vLLM's GPU worker."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def get_model(self):
+        return self._model
 
 
 def _processed(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:

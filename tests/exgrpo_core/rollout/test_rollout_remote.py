@@ -94,11 +94,11 @@ def test_stale_weights_on_the_server_stop_the_run(server, tok):
 
 def test_a_replica_that_missed_the_push_fails_the_check(server, tok):
     trainer = build_tiny_model(tok, **SHAPE, seed=0)
+    server.replicas = 2  # two data-parallel replicas: the digests of both are checked...
     eng = _engine(server, trainer, tok)
     eng.push_weights(trainer.named_parameters())
     names = engine_sync.norm_names(trainer)
     assert set(eng.checksums(names)) == set(names)
-    server.replicas = 2  # a second data-parallel replica appears in the digests...
     digests = server.checksums
     server.checksums = lambda: {k: ("0" * 64 if k.startswith("dp1:") else v) for k, v in digests().items()}
     assert eng.checksums(names) == {}  # ...holding other bytes
