@@ -7,6 +7,8 @@
 
 With HSDP (train.hsdp, train.shard_size; fsdp.mesh_shape decides as the run does) the weights, gradients
 and AdamW moments are sharded over one shard group, not over every GPU: the sharded rows divide by it.
+`auto` layout values (train.sharding, model.gradient_checkpointing, train.pack_sequences) are resolved as
+the run would on these GPUs with this torch; packed micro-batches hold no padding mask or shared prompts.
 """
 
 from __future__ import annotations
@@ -20,25 +22,37 @@ from exgrpo_core.run import layout_choice
 from exgrpo_core.training import fsdp, memory_plan as mp
 
 
+def resolved(cfg, world: int, shape: mp.ModelShape = mp.QWEN25_MATH_7B, gpu_gib: float = 80.0,
+             varlen: bool | None = None) -> layout_choice.Choice:
+    """The run's layout (sharding, checkpointing, packing): `auto` values as the run would resolve them on
+    `world` GPUs of `gpu_gib` GiB (`varlen`: torch has varlen_attn; None: this torch), explicit ones kept."""
+    got = layout_choice.decide(cfg, gpus=world, gpu_gib=gpu_gib, shape=lambda: shape, varlen=varlen)
+    return got or layout_choice.Choice(cfg.train.sharding, bool(cfg.model.gradient_checkpointing), "explicit",
+                                       bool(cfg.train.pack_sequences))
+
+
 def shard_group(cfg, world: int, gpus_per_machine: int, shape: mp.ModelShape = mp.QWEN25_MATH_7B,
                 gpu_gib: float = 80.0) -> int:
     """GPUs one sharded copy spans: the last dimension of the run's FSDP2 mesh (all `world` without HSDP);
     with train.sharding=auto, as the run would resolve it on `world` GPUs of `gpu_gib` GiB."""
-    sharding = cfg.train.sharding
-    if sharding == "auto":
-        sharding = layout_choice.decide(cfg, gpus=world, gpu_gib=gpu_gib, shape=lambda: shape).sharding
+    sharding = resolved(cfg, world, shape, gpu_gib).sharding
     if sharding != "fsdp2":
         return 1  # replicated: every GPU holds the whole model, gradients and moments
     return fsdp.mesh_shape(cfg.train.hsdp, world, min(gpus_per_machine, world), cfg.train.shard_size)[-1]
 
 
 def plan_for(cfg, shape: mp.ModelShape, *, world: int, gpus_per_machine: int, logits_chunk: int = 1024,
-             gpu_gib: float = 80.0, unsharded_grad_accumulation: bool = False) -> mp.Plan:
+             gpu_gib: float = 80.0, unsharded_grad_accumulation: bool = False, varlen: bool | None = None) -> mp.Plan:
     """The per-GPU plan of run config `cfg` on `world` GPUs, `gpus_per_machine` to a machine."""
-    tokens = cfg.train.micro_batch_tokens or cfg.train.micro_batch_size * (
-        cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens)
+    tokens = layout_choice.micro_batch_tokens(cfg)
+    row = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
     group = shard_group(cfg, world, gpus_per_machine, shape, gpu_gib)
-    return mp.memory_plan(shape, world=group, micro_batch_tokens=tokens,
+    lay = resolved(cfg, world, shape, gpu_gib, varlen)
+    # prompt sharing runs only on replicated weights without checkpointing (forward_parts.can_share_prompts)
+    share = cfg.train.share_prompt_forward and lay.sharding == "replicate" and not lay.gradient_checkpointing
+    shared = cfg.train.micro_batch_size * cfg.rollout.max_prompt_tokens if share else 0
+    return mp.memory_plan(shape, world=group, micro_batch_tokens=tokens, packed=lay.pack_sequences,
+                          row_tokens=row, shared_prompt_tokens=shared,
                           logits_chunk=logits_chunk, vllm_tp=cfg.rollout.vllm_tensor_parallel_size,
                           vllm_gpu_share=cfg.rollout.vllm_gpu_memory_utilization, gpu_gib=gpu_gib,
                           vllm_sleep=cfg.rollout.vllm_sleep, unsharded_grad_accumulation=unsharded_grad_accumulation)

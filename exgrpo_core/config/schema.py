@@ -335,12 +335,15 @@ class TrainConfig(_Section):
     copies of its key/value cache; same values and gradients (exgrpo_core/training/forward_parts.py).
     Those prompts' activations stay in memory across the micro-batches. Off under gradient
     checkpointing and FSDP2."""
-    pack_sequences: bool = False
+    pack_sequences: bool | Literal["auto"] = "auto"
     """Padding-free micro-batches: each runs as one sequence of its rows' real tokens, each row attending
     only to itself (exgrpo_core/training/packing.py: torch's varlen FlashAttention on a bf16 GPU, one SDPA
     call per row elsewhere), so executed FLOPs equal useful ones and nothing is read back from the GPU
     inside a micro-batch; micro_batch_tokens then caps real tokens. Same loss and gradients up to
-    rounding. Replaces share_prompt_forward (prompts run once per row)."""
+    rounding. Replaces share_prompt_forward (prompts run once per row). auto: decided at start
+    (exgrpo_core/run/layout_choice.py): on where the varlen FlashAttention runs (CUDA, model.dtype
+    bfloat16 or float16, a torch with varlen_attn), else off (CPU: padded, share_prompt_forward); the
+    resolved value is what the run records."""
     micro_batch_tokens: int | None = Field(default=None, ge=1)
     """Also cap a forward/backward pass at this many padded tokens (rows x longest row), so long
     responses get smaller micro-batches instead of running out of memory (None: rows only)."""

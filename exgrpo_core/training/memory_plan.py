@@ -6,6 +6,14 @@ fp32 master weights, fp32 gradients and two fp32 AdamW moments; bf16 compute; ac
 gradient checkpointing keep one hidden state per layer plus one layer being recomputed; the
 model returns bf16 logits for the whole micro-batch (policy.py), and the fp32 log-prob / entropy
 maths runs in chunks of `logits_chunk` positions.
+
+The optimiser step's micro-batches are padded or packed (`train.pack_sequences`, packing.py). Both hold
+at most `micro_batch_tokens` positions: padded ones count their padding in it and, when rows differ in
+length, carry a boolean attention mask [rows, 1, l, l] (l <= `row_tokens`); packed ones hold only real
+tokens, and no mask. Prompt sharing (`shared_prompt_tokens`, padded only) keeps the distinct prompts'
+activations across a group's micro-batches and gives each row a copy of its prompt's K/V cache; it is off
+under gradient checkpointing and FSDP2, so the caller passes 0 there. Scoring is always padded (its mask
+is not counted).
 """
 
 from __future__ import annotations
@@ -79,13 +87,17 @@ def kv_bytes_per_token(m: ModelShape, tp: int, dtype_bytes: int = 2) -> float:
 def memory_plan(m: ModelShape, *, world: int, micro_batch_tokens: int, logits_chunk: int = 4096,
                 vllm_tp: int = 2, vllm_gpu_share: float = 0.35, gpu_gib: float = 80.0,
                 prefetch_layers: int = 2, vllm_sleep: bool = False,
-                unsharded_grad_accumulation: bool = False) -> Plan:
+                unsharded_grad_accumulation: bool = False, packed: bool = False, row_tokens: int = 0,
+                shared_prompt_tokens: int = 0) -> Plan:
     """Per-GPU GiB in each phase of a step: sampling (the colocated vLLM engine awake), scoring (the
     trainer's no-grad forward) and the optimiser step. The trainer's sharded weights and AdamW moments
     stay all along; gradients exist only in the optimiser step (freed after it); the engine's weights
     and KV cache are released during scoring and training with `vllm_sleep` (level 2).
     `unsharded_grad_accumulation`: FSDP2 with gradient sync off between micro-batches keeps every
-    parameter's whole float32 gradient on every GPU until the last micro-batch."""
+    parameter's whole float32 gradient on every GPU until the last micro-batch.
+    `packed`: the optimiser step's micro-batches are packed (no mask, no shared prompts); else padded with
+    rows of up to `row_tokens` tokens (0: the mask is not counted) and `shared_prompt_tokens` prompt tokens
+    run once per group (module docstring)."""
     p = m.params
     layer_params = (p - m.vocab * m.hidden * (1 if m.tied_embeddings else 2)) / m.layers
     state = {"weights fp32 (sharded)": 4 * p / world / GiB, "AdamW moments fp32 (sharded)": 8 * p / world / GiB}
@@ -105,15 +117,37 @@ def memory_plan(m: ModelShape, *, world: int, micro_batch_tokens: int, logits_ch
                   "checkpointed hidden states bf16": 2 * micro_batch_tokens * m.hidden * m.layers / GiB,
                   "one layer recomputed (MLP dominates)": 2 * micro_batch_tokens * (3 * m.intermediate + 4 * m.hidden) / GiB,
                   "model logits bf16 + their grad": 2 * 2 * micro_batch_tokens * m.vocab / GiB,
-                  "log-prob/entropy chunk fp32 (+grad)": 2 * 4 * min(logits_chunk, micro_batch_tokens) * m.vocab / GiB,
-                  **asleep})
+                  "log-prob/entropy chunk fp32 (+grad)": 2 * 4 * min(logits_chunk, micro_batch_tokens) * m.vocab / GiB})
+    if not packed:
+        train.update(padded_rows(m, micro_batch_tokens, row_tokens, shared_prompt_tokens))
+    train.update(asleep)
     phases = {"sampling": {**state, **engine}, "scoring": scoring, "optimiser step": train}
     kv_tokens = engine["vLLM KV cache"] * GiB / kv_bytes_per_token(m, vllm_tp)
     peak = max(sum(r.values()) for r in phases.values())
     notes = {"params": f"{p / 1e9:.2f} B", "kv_tokens_per_engine": f"{kv_tokens:,.0f}",
              "kv_bytes_per_token_per_gpu": f"{kv_bytes_per_token(m, vllm_tp):,.0f}",
-             "headroom_gib": f"{gpu_gib - peak:.1f}"}
+             "headroom_gib": f"{gpu_gib - peak:.1f}",
+             "optimiser_micro_batches": (f"packed: at most {micro_batch_tokens:,} real tokens, no padding" if packed
+                                         else f"padded: at most {micro_batch_tokens:,} tokens with padding")}
     return Plan(phases, notes)
+
+
+def padded_rows(m: ModelShape, micro_batch_tokens: int, row_tokens: int, shared_prompt_tokens: int) -> dict[str, float]:
+    """What a padded micro-batch holds beyond a packed one of as many tokens, GiB: its attention mask, rows x
+    l x l with rows x l <= micro_batch_tokens, as booleans (policy._host_mask) plus the bf16 copy SDPA
+    makes of it for the layer being recomputed; with prompt sharing the shared prompts' activations (kept
+    for the backward, 16h + 6i bytes per token and layer as in layout.activation_bytes) and the rows'
+    copies of their prompts' K/V cache (at most as many tokens, and at most the micro-batch's)."""
+    rows = {}
+    if row_tokens:
+        rows["attention mask (bool + one layer's bf16)"] = (
+            3 * micro_batch_tokens * min(row_tokens, micro_batch_tokens) / GiB)
+    if shared_prompt_tokens:
+        rows["shared prompts' activations bf16"] = (
+            shared_prompt_tokens * m.layers * (16 * m.hidden + 6 * m.intermediate) / GiB)
+        rows["shared prompts' K/V copies bf16"] = (
+            min(shared_prompt_tokens, micro_batch_tokens) * kv_bytes_per_token(m, tp=1) / GiB)
+    return rows
 
 
 def render(plan: Plan) -> str:

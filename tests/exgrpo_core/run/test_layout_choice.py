@@ -40,7 +40,8 @@ def test_eight_gpus_and_the_7b_model_is_fsdp2_with_checkpointing():
 
 
 def test_explicit_values_are_untouched():
-    both = load_config("tiny", [*TOKENS, "train.sharding=fsdp2", "model.gradient_checkpointing=true"])
+    both = load_config("tiny", [*TOKENS, "train.sharding=fsdp2", "model.gradient_checkpointing=true",
+                                "train.pack_sequences=false"])
     assert L.decide(both, gpus=1, gpu_gib=80, shape=_never) is None
     assert L.apply(both, None) is both and both.train.sharding == "fsdp2" and both.model.gradient_checkpointing
     one = load_config("tiny", [*TOKENS, "model.gradient_checkpointing=false"])  # only sharding auto
@@ -79,6 +80,7 @@ def test_open_worker_resolves_auto_in_place_before_the_model_is_built(tmp_path):
     assert (cfg.train.sharding, cfg.model.gradient_checkpointing) == ("auto", "auto")
     worker, _ = open_worker(cfg, make_accelerator(cfg), None, tmp_path / "run")
     assert (cfg.train.sharding, cfg.model.gradient_checkpointing) == ("replicate", False)  # what MLflow logs
+    assert cfg.train.pack_sequences is False  # CPU: the padded path, as before "auto"
     model = worker.accelerator.unwrap_model(worker.model)
     on = getattr(model, "is_activation_checkpointing", None)  # transformers 5's name
     assert not worker.sharded and not (model.is_gradient_checkpointing if on is None else on)  # "auto" is not True
