@@ -287,6 +287,8 @@ def make_accelerator(cfg: ExGRPOConfig):
     if kind not in SUPPORTED_DISTRIBUTED:
         raise ConfigError(f"accelerate distributed_type {kind} is not supported yet: use MULTI_GPU (DDP) or "
                          f"MULTI_CPU, e.g. configs/accelerate/ddp-8gpu.yaml (docs/scaling.md)")
+    if D.topology().world > 1:
+        D.host_group()  # NCCL serves no host tensor: the gloo side group, made first on every process
     return acc
 
 

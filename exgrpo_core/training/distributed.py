@@ -5,6 +5,12 @@ its decisions through torch.distributed (gloo on CPU, NCCL on GPU). What moves b
 is plain records (questions to sample, rollouts), pickled by the object collectives, and tensors (a
 training batch), sent as raw bytes beside them (`broadcast`).
 With one process (or no process group) every helper is a no-op, so single-process code is unchanged.
+
+The device rule: a collective runs on a device its group serves. Accelerate starts NCCL, which serves
+CUDA tensors only, so host values (numbers, keys, pickled records) go through a gloo side group
+(`host_group`), and bulk tensors through the default group on the GPU when it serves one, else the
+side group on the host (`group_for`). tests/exgrpo_core/training/test_collective_devices.py runs
+every helper under a default group that serves no CPU tensor.
 """
 
 from __future__ import annotations
@@ -37,6 +43,39 @@ def topology() -> Topology:
     if dist.is_available() and dist.is_initialized():
         return Topology(dist.get_rank(), dist.get_world_size())
     return Topology(0, 1)
+
+
+def served_devices(group=None) -> set[str]:
+    """Device types the group's backends take tensors of ("cuda:nccl" -> {"cuda"}; a plain "gloo"
+    serves both kinds)."""
+    parts = dist.get_backend_config(group).split(",")
+    return {p.split(":")[0].strip() for p in parts if ":" in p} or {"cpu", "cuda"}
+
+
+_HOST_GROUP: list = []  # [group] once made; None inside when the default group serves host tensors
+
+
+def host_group():
+    """The group host values travel through: the default group when it serves CPU tensors (gloo), else
+    a gloo side group over every rank. Made once; every process must call it in the same order as its
+    other `new_group` calls, so sessions call it right after joining the process group."""
+    if not _HOST_GROUP:
+        _HOST_GROUP.append(None if "cpu" in served_devices() else dist.new_group(backend="gloo"))
+    return _HOST_GROUP[0]
+
+
+def bulk_device() -> torch.device:
+    """Where bulk tensors (a training batch, gradients) cross: the GPU when the default group serves
+    CUDA and one is present, else the host."""
+    if "cuda" in served_devices() and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def group_for(device: torch.device):
+    """The group that serves tensors on `device`: the default group when it does, else (host tensors)
+    the gloo side group."""
+    return None if device.type in served_devices() else host_group()
 
 
 BROADCAST_BYTES = {"calls": 0, "pickled": 0, "tensors": 0}
@@ -89,19 +128,19 @@ def broadcast(obj: T | None, src: int = 0) -> T:
         _TensorPickler(buf, tensors).dump(obj)
         head = (buf.getvalue(), [(tuple(t.shape), t.dtype, t.device.type) for t in tensors])
     box = [head]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, group=host_group())
     payload, specs = box[0]
     BROADCAST_BYTES["calls"] += 1
     BROADCAST_BYTES["pickled"] += len(payload)
     if not specs:
         return obj if topology().rank == src else pickle.loads(payload)
     offsets, size = _offsets(specs)
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = bulk_device()
     flat = torch.empty(size, dtype=torch.uint8, device=device)
     if topology().rank == src:
         for t, start in zip(tensors, offsets):
             flat[start:start + t.numel() * t.element_size()].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
-    dist.broadcast(flat, src=src)
+    dist.broadcast(flat, src=src, group=group_for(device))
     BROADCAST_BYTES["tensors"] += sum(math.prod(shape) * dtype.itemsize for shape, dtype, _ in specs)
     if topology().rank == src:
         return obj  # type: ignore[return-value]
@@ -116,7 +155,7 @@ def gather_lists(part: list[T]) -> list[T] | None:
     if topo.world == 1:
         return list(part)
     out: list[Any] | None = [None] * topo.world if topo.is_main else None
-    dist.gather_object(part, out, dst=0)
+    dist.gather_object(part, out, dst=0, group=host_group())
     return [x for p in out for x in p] if out is not None else None
 
 
@@ -158,7 +197,7 @@ def all_reduce_grads(params, bucket_bytes: int = 25 << 20) -> int:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         flat = _flatten_dense_tensors([p.grad for p in bucket])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group_for(flat.device))
         for p, summed in zip(bucket, _unflatten_dense_tensors(flat, [p.grad for p in bucket])):
             p.grad.copy_(summed)
     return len(buckets)
@@ -169,15 +208,16 @@ def all_reduce_sums(values: dict[str, float], keys: Sequence[str]) -> dict[str, 
     if topology().world == 1:
         return dict(values)
     t = torch.tensor([float(values.get(k, 0.0)) for k in keys], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=host_group())
     return {**values, **{k: float(v) for k, v in zip(keys, t.tolist())}}
 
 
 def all_reduce_max(value: float) -> float:
+    """The largest `value` over processes."""
     if topology().world == 1:
         return value
     t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=host_group())
     return float(t.item())
 
 
@@ -186,14 +226,14 @@ def all_keys(keys: Sequence[str]) -> list[str]:
     if topology().world == 1:
         return sorted(set(keys))
     parts: list[Any] = [None] * topology().world
-    dist.all_gather_object(parts, list(keys))
+    dist.all_gather_object(parts, list(keys), group=host_group())
     return sorted({k for p in parts for k in p})
 
 
 def barrier() -> None:
     """Wait for every process (a no-op with one)."""
     if topology().world > 1:
-        dist.barrier()
+        dist.barrier(group=host_group())
 
 
 _BEFORE_SHUTDOWN: list = []
@@ -215,6 +255,7 @@ def shutdown() -> None:
     for fn in _BEFORE_SHUTDOWN:
         fn()
     if topology().world > 1:
-        dist.barrier()
+        dist.barrier(group=host_group())
         time.sleep(0.2)
         dist.destroy_process_group()
+    _HOST_GROUP.clear()
