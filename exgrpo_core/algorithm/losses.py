@@ -140,14 +140,24 @@ def micro_sum_norm_denominators(micro_mask: torch.Tensor, max_response_len: int,
     return float(max_response_len * ranks), float(ranks) * max(float((micro_mask != 0).sum().item()), 1.0)
 
 
-def virtual_micro_denominator(response_tokens: int, total_tokens: int, micro_tokens: int, ranks: int) -> float:
+def virtual_micro_batches(total_tokens: int, micro_tokens: int) -> int:
+    """Authors' code: verl's dynamic micro-batch count on one rank, k = ceil(total / micro_tokens) (at least 1);
+    verl then takes the maximum over ranks (seqlen_balancing), which the caller does."""
+    if micro_tokens < 1:
+        raise LossInputError(f"micro_tokens must be >= 1, got {micro_tokens}")
+    return max(1, math.ceil(total_tokens / micro_tokens))
+
+
+def virtual_micro_denominator(response_tokens: int, total_tokens: int, micro_tokens: int, ranks: int,
+                              micro_batches: int | None = None) -> float:
     """Authors' code (micro_sum_norm): the entropy and KL token means are per verl dynamic micro-batch of at
-    most `micro_tokens` tokens (prompt + response), summed, ranks averaged: k = ceil(total / micro_tokens)
-    micro-batches of equal shares, so each token counts 1 / (ranks * response_tokens / k), whatever the
-    memory micro-batches. Example: 3,000 response tokens of 40,000, 32,768-token batches, 1 rank -> 1500.0."""
+    most `micro_tokens` tokens (prompt + response), summed, ranks averaged: k micro-batches of equal shares
+    (k = `micro_batches`, the maximum over ranks, else this rank's `virtual_micro_batches`), so each token
+    counts 1 / (ranks * response_tokens / k), whatever the memory micro-batches. Example: 3,000 response
+    tokens of 40,000, 32,768-token batches, 1 rank -> 1500.0."""
     if micro_tokens < 1 or ranks < 1:
         raise LossInputError(f"micro_tokens and ranks must be >= 1, got {micro_tokens} and {ranks}")
-    k = max(1, math.ceil(total_tokens / micro_tokens))
+    k = virtual_micro_batches(total_tokens, micro_tokens) if micro_batches is None else max(1, int(micro_batches))
     return float(ranks) * max(float(response_tokens), 1.0) / k
 
 

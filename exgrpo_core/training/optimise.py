@@ -68,8 +68,10 @@ def optimise(model, optimizer, accelerator, batch: TrainBatch, *, n_minibatches:
                                  regroup=aggregation != "micro_sum_norm", spans=spans, prompts=row_prompts)
         if aggregation == "micro_sum_norm":  # (code) entropy / KL means over the authors' micro-batches, not ours
             micro_denom = losses.micro_sum_norm_denominators(part.response_mask[:0], max_response_len, world)[0]
-            mean_denom = losses.virtual_micro_denominator(int(part.response_mask.sum()),
-                                                          int(part.attention_mask.sum()), entropy_micro_tokens, world)
+            k = losses.virtual_micro_batches(int(part.attention_mask.sum()), entropy_micro_tokens)
+            k = int(D.all_reduce_max(float(k))) if world > 1 else k  # (code) verl: the largest count of any rank
+            mean_denom = losses.virtual_micro_denominator(int(part.response_mask.sum()), 0, entropy_micro_tokens,
+                                                          world, micro_batches=k)
         if sharded:  # FSDP2: the same number of passes everywhere; padding passes train nothing
             micros += [(None, None)] * (int(D.all_reduce_max(float(len(micros)))) - len(micros))
         kv = None

@@ -102,3 +102,30 @@ def test_authors_aggregation_scales_the_policy_gradient_by_the_rows_and_sums_mic
     three = [_step(copy.deepcopy(model), batch, micro=n, lr=0.0, aggregation="micro_sum_norm",
                    entropy_micro_tokens=-(-tokens // 3))["loss/entropy"] for n in (6, 1)]
     assert three == pytest.approx([3 * float(ent[m].mean())] * 2, rel=1e-4)
+
+def test_the_entropy_mean_counts_the_largest_micro_batch_count_of_any_process(monkeypatch):
+    """(code) verl's dynamic batching takes the maximum micro-batch count over ranks: a process whose own
+    tokens make one authors' micro-batch weighs its entropy as one of three when another process has three."""
+    from exgrpo_core.training import optimise as O
+
+    model, batch = _setup()
+    asked = []
+    monkeypatch.setattr(O.D, "all_reduce_max", lambda v: asked.append(v) or max(v, 3.0))
+
+    def step(**kw):
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        return optimise(copy.deepcopy(model), opt, Accelerator(cpu=True), batch, n_minibatches=1, micro_batch_size=6,
+                        onpolicy_term=partial(losses.clipped_ratio_term, clip_eps=0.2),
+                        replay_term=partial(losses.shaped_replay_term, beta=0.1), aggregation="micro_sum_norm",
+                        max_response_len=8, entropy_coef=0.001, kl_coef=0.0, ref_model=None, max_grad_norm=1e9,
+                        skip_grad_norm=None, **kw)
+
+    alone = step()["loss/entropy"]
+    assert asked == []  # one process: no collective
+    two = step(shard=(0, 2))  # this process holds half the rows: one authors' micro-batch of its own
+    assert asked[0] == 1.0  # its own count, offered to the maximum
+    mine = step(shard=(0, 2), entropy_micro_tokens=10**6)  # (the other process's count is 3 either way)
+    assert two["loss/entropy"] == pytest.approx(mine["loss/entropy"], rel=1e-6)
+    monkeypatch.setattr(O.D, "all_reduce_max", lambda v: v)  # as each process alone would count
+    own = step(shard=(0, 2))["loss/entropy"]
+    assert two["loss/entropy"] == pytest.approx(3 * own, rel=1e-5) and alone > 0
