@@ -136,7 +136,8 @@ class TrainingEvaluator:
     def run(self, s, tracker, step: int) -> dict:
         """Evaluate the session's model now; sampling is spread over the run's processes (s.team)."""
         engine = s.team.engine_view(top_p=self.args["top_p"], batch_size=self.args["batch_size"],
-                                    scores=False)  # tokens only (transformers engine): the same tokens
+                                    scores=False,  # tokens only (transformers engine): the same tokens
+                                    sleep_after=False)  # (vLLM) no push comes between its chunks
         report = whole(run_eval.with_options(task_run_name=stage_name("evaluate", step)))(
             s.accelerator.unwrap_model(s.model), s.tokenizer, self.items, s.verify, {**self.args, "engine": engine},
             label=f"eval step {M.step_number(step)}")

@@ -28,6 +28,10 @@ from exgrpo_core.types import Generation
 
 
 class RolloutEngine(Protocol):
+    tunable: frozenset[str]
+    """The settings a caller may replace for one `generate` call (evaluation's top_p, batch size);
+    `Worker.generate` applies those the engine lists and leaves the rest to the engine."""
+
     def generate(self, prompts: list[list[int]], n: int | list[int], *, temperature: float,
                  max_new_tokens: int) -> list[list[Generation]]:
         """Sample `n` responses for every prompt (or n[i] for prompts[i]); result[i] holds prompts[i]'s."""
@@ -48,6 +52,8 @@ def sample_counts(prompts: list, n: int | list[int]) -> list[int]:
 
 class TransformersEngine:
     """Batched sampling with `model.generate` (CPU or one GPU)."""
+
+    tunable = frozenset({"top_p", "batch_size", "scores"})
 
     def __init__(self, model, tokenizer, *, top_p: float = 1.0, batch_size: int = 64,
                  logits_processors: list | None = None):

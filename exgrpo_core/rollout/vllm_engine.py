@@ -109,6 +109,8 @@ def has_cuda() -> bool:
 class VLLMEngine:
     """Colocated vLLM `LLM` sharing the trainer's GPU(s); see the module docstring."""
 
+    tunable = frozenset({"top_p", "sleep_after"})  # vLLM batches by itself: no batch size
+
     def __init__(self, model_path: str, tokenizer, *, top_p: float = 1.0, gpu_memory_utilization: float = 0.4,
                  tensor_parallel_size: int = 1, dtype: str = "bfloat16", max_model_len: int | None = None,
                  seed: int = 0, enforce_eager: bool = False, distributed: bool = False,
@@ -129,6 +131,7 @@ class VLLMEngine:
         self.top_p = top_p
         self.chunk_bytes = chunk_bytes
         self.sleeps, self.exact_resume = sleep, exact_resume
+        self.sleep_after = sleep  # after sampling; evaluation turns it off: nothing pushes before its next chunk
         self.asleep: set[str] = set()  # the SLEEP_TAGS now released
         self.weights_stale = False  # after a level-2 sleep, until the next push overwrites them
         self.group_size = tensor_parallel_size if distributed else 1  # training processes sharing this engine
@@ -164,7 +167,7 @@ class VLLMEngine:
                   for c, s in zip(sample_counts(prompts, n), seeds)]
         self.wake()
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        if self.sleeps:  # scoring and training come next: release the KV cache and the weights, copy nothing
+        if self.sleep_after:  # scoring and training come next: release the KV cache and the weights, copy nothing
             self.llm.sleep(level=2)
             self.asleep, self.weights_stale = set(SLEEP_TAGS), True
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731

@@ -76,7 +76,7 @@ class Worker:
         mine, counts = [p for p, _ in mine_counted], [c for _, c in mine_counted]
         if seed is not None:
             torch.manual_seed(seed + index)
-        settings = {k: v for k, v in settings.items() if k != "scores" or hasattr(self.engine, k)}  # own decoder only
+        settings = {k: v for k, v in settings.items() if k in self.engine.tunable}  # the rest is the engine's own
         saved = {k: getattr(self.engine, k) for k in settings}
         try:
             for k, v in settings.items():  # e.g. evaluation's top_p and batch size

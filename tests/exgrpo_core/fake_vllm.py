@@ -83,6 +83,7 @@ class LLM:
         hf_config.update(dict(kwargs.get("hf_overrides") or {}))
         self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config))
         self.calls: list[str] = []  # sleep / wake_up / reset_prefix_cache / rpc, in order
+        self.events: list[str] = []  # the same and each `generate` (with its prompt count), in order
         self.rpc_calls: list[str] = []
         self.asleep: set[str] = set()
         self.rng = torch.Generator().manual_seed(int(kwargs.get("seed", 0)))  # the engine's own stream
@@ -93,6 +94,7 @@ class LLM:
     def sleep(self, level: int = 1, mode: str = "abort"):
         assert self.kwargs.get("enable_sleep_mode") and level in (1, 2) and not self.asleep
         self.calls.append(f"sleep({level})")
+        self.events.append(self.calls[-1])
         self.asleep = set(SLEEP_TAGS)
         if level == 2:  # the weights' memory is released; only a load refills it
             with torch.no_grad():
@@ -103,21 +105,25 @@ class LLM:
         tags = list(SLEEP_TAGS) if tags is None else tags
         assert set(tags) <= set(SLEEP_TAGS)
         self.calls.append(f"wake_up({','.join(tags)})")
+        self.events.append(self.calls[-1])
         self.asleep -= set(tags)
 
     def collective_rpc(self, method: str, timeout=None, args=(), kwargs=None):
         self.calls.append(method)
+        self.events.append(method)
         self.rpc_calls.append(method)
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False):
         self.calls.append("reset_prefix_cache")
+        self.events.append("reset_prefix_cache")
         return True
 
     @torch.no_grad()
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
                  tokenization_kwargs=None, mm_processor_kwargs=None):
         assert not self.asleep, f"generate on a sleeping engine ({sorted(self.asleep)} asleep)"
+        self.events.append(f"generate({len(prompts)})")
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         outs = []
         for prompt, sp in zip(prompts, params):
