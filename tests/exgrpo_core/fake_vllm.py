@@ -55,6 +55,8 @@ class Worker:
 
     def __init__(self, llm: "LLM", model):
         self._llm, self._model = llm, model
+        self.device, self.model_config = torch.device("cpu"), SimpleNamespace()
+        self.reloading = False  # inside vLLM's layerwise reload (initialize ... finalize)
 
     def get_model(self):
         assert "weights" not in self._llm.asleep, "the model's weights are asleep"
@@ -78,6 +80,7 @@ class LLM:
         hf = AutoModelForCausalLM.from_pretrained(model).eval().requires_grad_(False)
         hf.load_weights = lambda weights: _load(hf, weights)  # vLLM's loader takes HF names
         self.worker = type("Worker", (WeightSyncExtension, Worker), {})(self, hf)
+        hf.__dict__["_fake_worker"] = self.worker
         self.model = hf
         hf_config = AutoConfig.from_pretrained(model)  # vLLM: the folder's config, then `hf_overrides` by update
         hf_config.update(dict(kwargs.get("hf_overrides") or {}))
@@ -157,21 +160,39 @@ class LLM:
 
 
 def _load(model, weights) -> None:
+    worker = model._fake_worker
+    assert worker.reloading, "load_weights outside vLLM's layerwise reload (its loaders are gone after loading)"
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, t in weights:
             params[name].copy_(t)
 
 
+def _initialize_layerwise_reload(model) -> None:
+    assert not model._fake_worker.reloading, "a reload opened twice"
+    model._fake_worker.reloading = True
+
+
+def _finalize_layerwise_reload(model, model_config) -> None:
+    assert model._fake_worker.reloading, "a reload finalized without initialize_layerwise_reload"
+    model._fake_worker.reloading = False
+
+
 def install() -> None:
     vllm = types.ModuleType("vllm")
     inputs = types.ModuleType("vllm.inputs")
     vllm.LLM, vllm.SamplingParams, vllm.inputs, inputs.TokensPrompt = LLM, SamplingParams, inputs, TokensPrompt
-    sys.modules["vllm"], sys.modules["vllm.inputs"] = vllm, inputs
+    platforms = types.ModuleType("vllm.platforms")  # a CUDA platform: sleep mode exists
+    platforms.current_platform = SimpleNamespace(is_cpu=lambda: False, is_sleep_mode_available=lambda: True)
+    reload = types.ModuleType("vllm.model_executor.model_loader.reload")
+    reload.initialize_layerwise_reload, reload.finalize_layerwise_reload = (_initialize_layerwise_reload,
+                                                                            _finalize_layerwise_reload)
+    sys.modules.update({"vllm": vllm, "vllm.inputs": inputs, "vllm.platforms": platforms,
+                        "vllm.model_executor.model_loader.reload": reload})
 
 
 @contextmanager
 def cuda():
     """`VLLMEngine` believes it has a GPU (nothing else does)."""
-    with mock.patch("exgrpo_core.rollout.vllm_engine.has_cuda", return_value=True):
+    with mock.patch("exgrpo_core.rollout.vllm_engine.has_device", return_value=True):
         yield

@@ -32,7 +32,7 @@ from spawn_helpers import as_rank, run_two
 
 @pytest.fixture
 def vllm_stand_in(monkeypatch):
-    for name in ("vllm", "vllm.inputs"):
+    for name in ("vllm", "vllm.inputs", "vllm.platforms", "vllm.model_executor.model_loader.reload"):
         monkeypatch.delitem(__import__("sys").modules, name, raising=False)
     fake_vllm.install()
     fake_vllm.LLM.instances.clear()
@@ -93,8 +93,8 @@ def test_sleep_releases_everything_and_wakes_by_tag(vllm_stand_in, folder):
         eng.generate([[1, 5, 6]], 1, temperature=1.0, max_new_tokens=3)
     stats = engine_sync.push_and_check(eng, model, [1, 5, 6, 7], torch.float32)
     assert stats["engine/sync_logprob_gap"] < 1e-6
-    assert eng.llm.calls[1:] == ["wake_up(weights)", "exgrpo_load_weights", "reset_prefix_cache",
-                                 "exgrpo_checksums", "wake_up(kv_cache)"]  # the KV cache only for the probe
+    assert eng.llm.calls[1:] == ["wake_up(weights)", "exgrpo_start_load", "exgrpo_load_weights", "exgrpo_finish_load",
+                                 "reset_prefix_cache", "exgrpo_checksums", "wake_up(kv_cache)"]  # KV: for the probe
     eng.generate([[1, 5, 6]], 2, temperature=1.0, max_new_tokens=3)
     assert eng.llm.calls[-1] == "sleep(2)"
 
