@@ -415,8 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", required=True, help="folder to write (model safetensors, config, tokenizer)")
     ex.add_argument("--dtype", default="float32", help="weights' dtype in the export (float32, bfloat16, float16)")
     ex.set_defaults(fn=cli_tools.cmd_export)
-    rs = sub.add_parser("rollout-server", help="start `vllm serve` for rollout.engine=remote (a dedicated rollout "
-                        "node); flags after -- go to vllm serve")
+    rs = sub.add_parser("rollout-server", help="start vLLM's server (what `vllm serve` runs) for rollout.engine=remote "
+                        "(a dedicated rollout node); flags after -- go to vLLM")
     rs.add_argument("--model", required=True, help="Hugging Face name or folder: the model the trainer starts from "
                     "(`exgrpo export` turns a checkpoint into one)")
     rs.add_argument("--host", default="127.0.0.1", help="address the trainer connects to; any but loopback needs "
@@ -428,6 +428,10 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--data-parallel-size", type=int, default=1, help="replicas (GPUs = tensor x data parallel)")
     rs.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of each GPU")
     rs.add_argument("--max-model-len", type=int, default=None, help="prompt + response tokens")
+    rs.add_argument("--weight-transfer", choices=["nccl", "gloo"], default="nccl", help="how the trainer's pushes "
+                    "arrive: nccl (GPU to GPU), gloo (over the network; vLLM's CPU build); the trainer's "
+                    "rollout.weight_transfer must match")
+    rs.add_argument("--python", default=sys.executable, help="the interpreter that has vLLM (default: this one)")
     rs.add_argument("--dry-run", action="store_true", help="print the command and stop")
     rs.add_argument("vllm_args", nargs=argparse.REMAINDER, help="more `vllm serve` flags, after --")
     rs.set_defaults(fn=cli_tools.cmd_rollout_server)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 from pathlib import Path
 
 from rich.console import Console
@@ -24,10 +23,10 @@ def cmd_rollout_server(args: argparse.Namespace) -> int:
                                                     "(and the key gate's loopback bind): use exgrpo "
                                                     "rollout-server's own --host / --port"))
         return 2
-    cmd = serve_command(args.model, host=args.host, port=args.port, dtype=args.dtype, seed=args.seed,
-                        tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
-                        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
-                        extra=extra)
+    cmd = serve_command(args.model, python=args.python, host=args.host, port=args.port, dtype=args.dtype,
+                        seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
+                        data_parallel_size=args.data_parallel_size, gpu_memory_utilization=args.gpu_memory_utilization,
+                        max_model_len=args.max_model_len, weight_transfer=args.weight_transfer, extra=extra)
     key = os.environ.get(API_KEY_ENV)
     if not key and args.host not in ("127.0.0.1", "localhost", "::1"):  # the weight routes would be open
         console.print("[red]error[/red]: " + escape(f"--host {args.host} lets other machines pause the server and "
@@ -41,18 +40,30 @@ def cmd_rollout_server(args: argparse.Namespace) -> int:
               f"Authorization: Bearer ${API_KEY_ENV}; flows/rollout_gate.py)", flush=True)
     host = "rollout-node" if args.host in ("0.0.0.0", "::") else args.host
     print(f"train with: --set rollout.engine=remote --set rollout.server_url=http://{host}:{args.port}"
-          f" --set model.dtype={args.dtype}", flush=True)
+          f" --set model.dtype={args.dtype} --set rollout.weight_transfer={args.weight_transfer}", flush=True)
     if args.dry_run:
         return 0
-    if shutil.which("vllm") is None:
-        console.print("[red]error[/red]: " + escape(f"`exgrpo rollout-server` runs `vllm serve`, which is not "
-                                                    f"installed here: `{PIP_HINT}` on the rollout node"))
+    if not has_vllm(args.python):
+        console.print("[red]error[/red]: " + escape(f"`exgrpo rollout-server` runs vLLM's server, which {args.python} "
+                                                    f"cannot import: `{PIP_HINT}` on the rollout node (or --python "
+                                                    "an interpreter that has vLLM)"))
         return 2
     if key:
         from flows import rollout_gate
 
         return rollout_gate.serve(cmd, env, args.host, args.port, key)
-    os.execvpe("vllm", cmd, {**os.environ, **env})  # replaces this process: signals and exit code are vLLM's
+    os.execve(cmd[0], cmd, {**os.environ, **env})  # replaces this process: signals and exit code are vLLM's
+
+
+def has_vllm(python: str) -> bool:
+    """`python` can import vLLM (found without importing it)."""
+    import subprocess
+
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except OSError:
+        return False
 
 
 def cmd_export(args: argparse.Namespace) -> int:

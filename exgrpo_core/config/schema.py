@@ -138,6 +138,11 @@ class RolloutConfig(_Section):
     private network; a wildcard (0.0.0.0, ::) is refused."""
     server_group_port: int = Field(default=0, ge=0, le=65535)
     """(remote) Port of that rendezvous (the trainer hosts it); 0: a free one. Must be reachable from the server."""
+    weight_transfer: Literal["auto", "nccl", "gloo"] = "auto"
+    """(remote) How weights reach the server, through vLLM's weight-transfer interface: `nccl` (GPU to GPU,
+    vLLM's engine), `gloo` (over the host's network, exgrpo_core/rollout/gloo_transfer.py: a server on vLLM's
+    CPU build, or a trainer without a GPU); auto: nccl with a CUDA GPU, else gloo. The server must be started
+    with the same (`exgrpo rollout-server --weight-transfer`)."""
 
     @field_validator("server_group_host")
     @classmethod

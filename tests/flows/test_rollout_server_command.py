@@ -1,5 +1,6 @@
-"""`exgrpo rollout-server` is a thin wrapper over `vllm serve`: the command it prints (and runs) has the flags
-rollout.engine=remote needs, and without vLLM it stops with one line naming the install.
+"""`exgrpo rollout-server` is a thin wrapper over vLLM's server (what `vllm serve` runs, started as a module so
+that vLLM's CPU build serves too): the command it prints (and runs) has the flags rollout.engine=remote needs,
+and without vLLM it stops with one line naming the install.
 
 Run: .venv/bin/python -m pytest tests/flows/test_rollout_server_command.py -q
 """
@@ -8,11 +9,12 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
+from flows import cli_tools
 from flows.cli import main
 
 CONTRACT = json.loads((Path(__file__).resolve().parents[2] / "exgrpo_core" / "rollout" / "vllm_contract.json")
@@ -27,11 +29,12 @@ def test_dry_run_prints_the_vllm_serve_command(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert code == 0
     line = out.splitlines()[0]
-    assert line.startswith("VLLM_SERVER_DEV_MODE=1 VLLM_API_KEY=$EXGRPO_ROLLOUT_API_KEY vllm serve ")
+    assert line.startswith(f"VLLM_SERVER_DEV_MODE=1 VLLM_API_KEY=$EXGRPO_ROLLOUT_API_KEY {sys.executable} -m "
+                           "vllm.entrypoints.openai.api_server ")
     assert "s3cret" not in out  # the key goes by environment, never on the command line
     args = shlex.split(line.split(" ", 2)[2])
-    assert args[:3] == ["vllm", "serve", "Qwen/Qwen2.5-Math-7B"]
-    rest = args[3:]  # flag-value pairs, and the one switch
+    assert args[:5] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "Qwen/Qwen2.5-Math-7B"]
+    rest = args[5:]  # flag-value pairs, and the one switch
     assert "--enable-scale-out" in rest
     rest.remove("--enable-scale-out")
     flags = dict(zip(rest[::2], rest[1::2]))
@@ -46,15 +49,23 @@ def test_dry_run_prints_the_vllm_serve_command(capsys, monkeypatch):
     assert "rollout.server_url=http://10.0.0.5:8000" in out
 
 
-def test_without_vllm_it_is_one_clear_line(capsys, monkeypatch):
-    real = shutil.which
-    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "vllm" else real(name, *a, **k))
-    code = main(["rollout-server", "--model", "m"])
+def test_without_vllm_it_is_one_clear_line(capsys):
+    code = main(["rollout-server", "--model", "m"])  # this interpreter has no vLLM (the tests' main environment)
     out = capsys.readouterr().out
     assert code == 2
     errors = [line for line in out.splitlines() if line.startswith("error")]
-    assert errors == ["error: `exgrpo rollout-server` runs `vllm serve`, which is not installed here: "
-                      "`pip install exgrpo[vllm]` on the rollout node"]
+    assert errors == [f"error: `exgrpo rollout-server` runs vLLM's server, which {sys.executable} cannot import: "
+                      "`pip install exgrpo[vllm]` on the rollout node (or --python an interpreter that has vLLM)"]
+
+
+def test_the_cpu_build_serves_with_the_gloo_transfer(capsys):
+    assert main(["rollout-server", "--model", "m", "--python", "/opt/vllm-cpu/bin/python", "--weight-transfer",
+                 "gloo", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    args = shlex.split(out.splitlines()[0].split(" ", 1)[1])
+    assert args[0] == "/opt/vllm-cpu/bin/python"
+    assert json.loads(args[args.index("--weight-transfer-config") + 1]) == {"backend": "gloo"}
+    assert "--set rollout.weight_transfer=gloo" in out
 
 
 @pytest.mark.parametrize("passed", [["--host", "0.0.0.0"], ["--host=0.0.0.0"], ["--port", "9000"], ["--port=9000"],
@@ -66,7 +77,7 @@ def test_host_or_port_passed_through_to_vllm_is_refused(capsys, monkeypatch, pas
     from flows import rollout_gate
 
     started = []
-    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: started.append(name) or "/bin/vllm")
+    monkeypatch.setattr(cli_tools, "has_vllm", lambda python: started.append(python) or True)
     monkeypatch.setattr(rollout_gate, "serve", lambda *a: started.append("serve") or 0)
     code = main(["rollout-server", "--model", "m", "--host", "10.0.0.5", *(["--dry-run"] if dry_run else []),
                  "--", *passed])

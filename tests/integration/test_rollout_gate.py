@@ -11,7 +11,6 @@ Run: .venv/bin/python -m pytest tests/integration/test_rollout_gate.py -q
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import sys
 import threading
@@ -92,14 +91,15 @@ def test_rollout_server_beyond_loopback_needs_the_key_and_runs_behind_the_gate(c
 
     calls = []
     monkeypatch.setenv("EXGRPO_ROLLOUT_API_KEY", KEY)
-    real = shutil.which
-    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: "/bin/vllm" if name == "vllm" else real(name, *a, **k))
+    from flows import cli_tools
+
+    monkeypatch.setattr(cli_tools, "has_vllm", lambda python: True)
     monkeypatch.setattr(rollout_gate, "serve", lambda cmd, env, host, port, key: calls.append((cmd, host, port)) or 0)
     assert main(["rollout-server", "--model", "m", "--host", "10.0.0.5", "--port", "8123"]) == 0
     out = capsys.readouterr().out
     assert KEY not in out and "key gate at 10.0.0.5:8123" in out
     (cmd, host, port), = calls
-    assert (host, port) == ("10.0.0.5", 8123) and cmd[:3] == ["vllm", "serve", "m"]
+    assert (host, port) == ("10.0.0.5", 8123) and cmd[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
     inner = rollout_gate.behind_gate(cmd, 9001)  # vLLM itself listens on loopback only
     assert inner[inner.index("--host") + 1] == "127.0.0.1" and inner[inner.index("--port") + 1] == "9001"
 
