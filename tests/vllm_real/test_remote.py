@@ -4,7 +4,7 @@ behind its key gate, with weights pushed through vLLM's weight-transfer interfac
 a vLLM plugin). One server and one tiny training session for the module.
 
 Checked: two training steps, each push checked (weight version, the workers' norm sums through
-/collective_rpc, the probe); the key gate refuses every route but /health without the key; a push whose
+/collective_rpc, the probe), a third by /weight_checker's digests; the key gate refuses every route but /health without the key; a push whose
 version label is lost stops the run.
 """
 
@@ -125,6 +125,17 @@ def test_training_steps_push_through_vllms_weight_transfer_and_are_checked(sessi
         held = s.engine.client.call("GET", "/weight_info")["weight_version"]
         assert held == s.engine.version == f"exgrpo-{s.engine.run_tag}-{step + 2}"  # the session's push was 1
     assert s.engine.check_by_rpc is True  # the workers' sums, through our worker extension
+
+
+def test_the_digest_check_reads_the_real_weight_checker(session):
+    """With several replicas (or no worker extension) the check is /weight_checker's sha256 digests."""
+    s = session
+    s.engine.check_by_rpc = False
+    try:
+        stats = loop.run_iteration(s)
+    finally:
+        s.engine.check_by_rpc = True
+    assert stats["engine/sync_logprob_gap"] < 1e-4
 
 
 def test_a_push_whose_version_is_lost_stops_the_run(session, monkeypatch):

@@ -40,6 +40,12 @@ def init_fields(name: str) -> set[str]:
     return {f for f in c["fields"] if f not in c.get("fields_not_in_init", []) and not f.startswith("_")}
 
 
+def _params(name: str, method: str) -> set[str]:
+    """The keyword-passable parameters of a recorded class's method (none recorded: empty)."""
+    m = cls(name).get("methods", {}).get(method)
+    return {p[0] for p in m["params"] if p[1] in ("arg", "kw")} if m else set()
+
+
 def llm_keywords() -> set[str]:
     """`LLM(...)` takes its own parameters and hands **kwargs on to `EngineArgs(...)` (vllm/entrypoints/llm.py)."""
     own = {p[0] for p in cls("LLM")["methods"]["__init__"]["params"] if p[1] in ("arg", "kw")}
@@ -195,6 +201,17 @@ def problems_in(text: str, where: str) -> list[str]:
         elif what == "TokensPrompt":
             out += [f"{at(node)}: TokensPrompt(...): vLLM {V} has no key {k!r}" for k in keywords
                     if k not in cls("TokensPrompt")["fields"]]
+        elif what in C["classes"]:  # any other recorded class built by keyword: its fields or __init__'s
+            allowed = init_fields(what) | _params(what, "__init__")
+            out += [f"{at(node)}: {what}(...): vLLM {V} has no field or parameter {k!r}" for k in keywords
+                    if k not in allowed]
+    for node in ast.walk(tree):  # a recorded class's own methods: RecordedClass.method(..., keyword=...)
+        f = node.func if isinstance(node, ast.Call) else None
+        if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and names.get(f.value.id) in C["classes"]
+                and f.attr in cls(names[f.value.id]).get("methods", {})):
+            allowed = _params(names[f.value.id], f.attr)
+            out += [f"{at(node)}: {names[f.value.id]}.{f.attr}(...): vLLM {V} has no parameter {k.arg!r}"
+                    for k in node.keywords if k.arg and k.arg not in allowed]
     for node in ast.walk(tree):  # uses of the engine: self.llm.<...> or llm.<...>
         if isinstance(node, ast.Attribute) and (
                 (isinstance(node.value, ast.Attribute) and node.value.attr in holders
