@@ -40,8 +40,7 @@ def init_fields(name: str) -> set[str]:
     return {f for f in c["fields"] if f not in c.get("fields_not_in_init", []) and not f.startswith("_")}
 
 
-def _params(name: str, method: str) -> set[str]:
-    """The keyword-passable parameters of a recorded class's method (none recorded: empty)."""
+def _params(name: str, method: str) -> set[str]:  # keyword-passable parameters of a recorded method (or none)
     m = cls(name).get("methods", {}).get(method)
     return {p[0] for p in m["params"] if p[1] in ("arg", "kw")} if m else set()
 
