@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -37,6 +38,7 @@ def _progress_line(step: int, total: int, m: dict) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from exgrpo_core.config.load import load_config
 
+    started = time.perf_counter()
     cfg = load_config(args.config, args.set)  # fail on a bad config before Prefect starts
     if int(os.environ.get("RANK", "0")) > 0:  # a follower under torchrun / accelerate launch: no Prefect, no DB
         from exgrpo_core.run.session import run_follower
@@ -51,7 +53,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not os.environ.get("PREFECT_API_URL"):
             console.print("starting Prefect's ephemeral API (set PREFECT_API_URL to use a server)...")
         from flows.prefect_api import serve_prefect_api
-        serve_prefect_api()  # before Prefect is imported; its API dies with this process (issue 16, item 6)
+        ephemeral = serve_prefect_api() is not None  # before Prefect is imported; dies with this process
         from exgrpo_core.config.redact import hide
         from flows import train as train_flow
 
@@ -62,8 +64,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         remove_failed_start(run_dir)  # a failed start leaves no empty run directory it created (and no other)
         raise
-    console.print("[green]done[/green]: " + escape(f"run {summary['run_id']} ({summary['steps']} steps), "
-                  f"MLflow run {summary['mlflow_run_id']}, run dir {summary['run_dir']}"))
+    from flows.run_report import summary_lines
+
+    done, *rest = summary_lines(summary, prefect=not ephemeral,  # the ephemeral API has no UI
+                                command_s=time.perf_counter() - started)
+    console.print("[green]done[/green]: " + escape(done.removeprefix("done: ")))
+    for line in rest:
+        console.print(line, markup=False)
     return 0
 
 
@@ -139,6 +146,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     import importlib.util
 
     from exgrpo_core.config.load import load_config
+    from exgrpo_core.config.redact import reveal_url
     from exgrpo_core.config.schema import ExGRPOConfig
     from exgrpo_core.store.engine import mask_url, parse_url
     from flows.tracking import resolve_tracking_uri
@@ -147,10 +155,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     db_url, source = dashboard_db_url(args.db_url, cfg)
     if not db_url.startswith("sqlite"):  # a bad server URL is one clear error; a missing SQLite file (or
         parse_url(db_url)                # folder) is explained on the page until training creates it
-    mlflow_uri = args.mlflow_uri or resolve_tracking_uri(cfg)
+    mlflow_uri = reveal_url(args.mlflow_uri, "MLFLOW_TRACKING_URI") or resolve_tracking_uri(cfg)
     app = os.path.join(os.path.dirname(importlib.util.find_spec("dashboard").origin), "app.py")
     console.print(f"dashboard on http://{args.host}:{args.port} | database {escape(mask_url(db_url))} ({source}) "
-                  f"| MLflow {escape(mlflow_uri)}")
+                  f"| MLflow {escape(mask_url(mlflow_uri))}")
     env = {**os.environ, "EXGRPO_DB_URL": db_url, "MLFLOW_TRACKING_URI": mlflow_uri}
     cmd = [sys.executable, "-m", "streamlit", "run", app, "--server.headless=true", f"--server.port={args.port}",
            f"--server.address={args.host}", "--browser.gatherUsageStats=false", "--client.toolbarMode=minimal",
@@ -166,10 +174,11 @@ def dashboard_db_url(flag: str | None, cfg) -> tuple[str, str]:
     """The dashboard's database URL and where it came from, in words: --db-url, else the config's
     run.db_url, else the read-only role's EXGRPO_DASHBOARD_DB_URL, else as training resolves it
     (EXGRPO_DB_URL, the read/write training role; else the run's SQLite file)."""
+    from exgrpo_core.config.redact import reveal_url
     from exgrpo_core.store.experience_store import resolve_db_url
 
-    if flag:
-        return flag, "--db-url"
+    if flag:  # a masked password (`user:***@`, as `exgrpo train` prints it) comes from EXGRPO_DB_URL
+        return reveal_url(flag, "EXGRPO_DB_URL"), "--db-url"
     if cfg.run.db_url:
         return cfg.run.db_url, "run.db_url of the config"
     if os.environ.get(ENV_DASHBOARD_DB_URL):

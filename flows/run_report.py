@@ -119,6 +119,96 @@ def cli_equivalent(preset: str, sets: list[str]) -> str:
     return shlex.join(["exgrpo", "train", "--config", preset, *[a for s in sets for a in ("--set", s)]])
 
 
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f}%"
+
+
+def duration(seconds: float) -> str:
+    """`42 s`, `3 m 05 s`, `2 h 07 m`."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{seconds:.0f} s"
+    if s < 3600:
+        return f"{s // 60} m {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} m"
+
+
+def _headline(m: dict) -> list[str]:
+    """pass@1, then each pass@k the evaluation has (the metrics its table reports)."""
+    return sorted((k for k in m if k.startswith("pass@") and k[5:].isdigit()), key=lambda k: int(k[5:]))
+
+
+def eval_lines(final: dict | None, start: dict | None, step: int) -> list[str]:
+    """One line per suite of the final evaluation (and the average, the ID / OOD averages when there are
+    several), the step-0 score beside each metric when the run evaluated its starting policy."""
+    from exgrpo_core.evaluation.evaluate import AVERAGE, GROUP_AVERAGES, group_averages
+
+    if not final:
+        return ["final evaluation: off (--set eval.final=true evaluates the suites after the last step)"]
+    start = start or {}
+    rows = [(b, m, start.get(b, {})) for b, m in final.items() if b != AVERAGE]
+    if len(rows) > 1:
+        now, then = (group_averages({b: m["pass@1"] for b, m in x.items() if b != AVERAGE and "pass@1" in m})
+                     for x in (final, start))
+        rows += [(GROUP_AVERAGES[g].replace("_", " "), {"pass@1": v},
+                  {"pass@1": then[g]} if g in then else {}) for g, v in now.items()]
+        rows.append((AVERAGE, final.get(AVERAGE, {}), start.get(AVERAGE, {})))
+    lines = []
+    for name, m, m0 in rows:
+        size = (f" ({_n(int(m['questions']), 'question')} x {_n(int(m['samples']), 'sample')})"
+                if "questions" in m else "")
+        scores = ", ".join(f"{k} {_pct(m[k])}" + (f" (step 0: {_pct(m0[k])})" if k in m0 else "")
+                           for k in _headline(m))
+        lines.append(f"final eval at step {step}: {name}{size} {scores}")
+    return lines
+
+
+def look_commands(*, tracker_uri: str, mlflow_url: str, db_url: str, run_id: str) -> dict[str, str]:
+    """Shell lines that open the run in MLflow and in the dashboard (credentials masked: `***` is filled
+    back in from the environment, redact.reveal_url)."""
+    from exgrpo_core.config.redact import mask_text
+
+    uri, db = mask_text(tracker_uri), mask_text(db_url)
+    if tracker_uri.startswith(("http://", "https://")):
+        mlflow_line = f"open {mask_text(mlflow_url)}"
+    else:
+        mlflow_line = f"{shlex.join(['mlflow', 'ui', '--backend-store-uri', uri])}  # then open {mlflow_url}"
+    dash = shlex.join(["exgrpo", "dashboard", "--db-url", db, "--mlflow-uri", uri])
+    return {"mlflow": mlflow_line, "dashboard": f"{dash}  # then open {dashboard_url(run_id)}"}
+
+
+def _n(count: int, word: str, plural: str = "") -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {plural or word + 's'}"
+
+
+def summary_lines(summary: dict, prefect: bool = True, command_s: float | None = None) -> list[str]:
+    """What a finished run found and how to look at it: the CLI's last lines, the summary artifact's
+    text. `prefect=False` leaves out the flow run's page (Prefect's ephemeral API has none);
+    `command_s`: the whole command's time, shown beside the flow's."""
+    lines = [f"done: run {summary['run_id']} ({summary['steps']} steps), MLflow run {summary['mlflow_run_id']}, "
+             f"run dir {summary['run_dir']}"]
+    lines += eval_lines(summary.get("eval"), summary.get("eval_start"), summary["steps"])
+    pool = summary.get("pool")
+    if pool:
+        traj = _n(pool["trajectories"], "trajectory", "trajectories")
+        lines.append(f"replay pool: {_n(pool['questions'], 'question')} / {traj}; "
+                     f"retired: {_n(pool['retired'], 'question')}")
+    if summary.get("wall_s") is not None:
+        first = summary.get("first_step") or 0
+        notes = ([f"this session: steps {first + 1}-{summary['steps']}"] if first else []) + (
+            [f"{duration(command_s)} with the command's start"] if command_s is not None else [])
+        lines.append(f"wall time: {duration(summary['wall_s'])} in the training flow"
+                     + (f" ({'; '.join(notes)})" if notes else ""))
+    look = summary.get("look") or {}
+    if look.get("mlflow"):
+        lines.append(f"MLflow:    {look['mlflow']}")
+    if look.get("dashboard"):
+        lines.append(f"dashboard: {look['dashboard']}")
+    if prefect and look.get("prefect"):
+        lines.append(f"Prefect:   {look['prefect']}")
+    return lines
+
+
 class FlowRunReport:
     """Progress and summary artifacts plus per-step log lines of one training flow run."""
 
@@ -155,14 +245,19 @@ class FlowRunReport:
                 ("run id / folder", f"`{summary['run_id']}` / `{summary['run_dir']}`"),
                 ("replay", "active" if summary.get("replay_active") else "never switched on"),
                 ("last step", step_line(summary["steps"] - 1, cfg.run.steps, m) if m else "(no step trained now)")]
-        avg = (summary.get("eval") or {}).get("average", {}).get("pass@1")
-        if avg is not None:
-            rows.append(("final evaluation", f"average pass@1 {100 * avg:.1f}%"))
+        lines = summary_lines(summary)
+        rows += [("final evaluation", line.split(": ", 1)[1]) for line in lines if line.startswith("final ")]
+        rows += [(k, line.split(": ", 1)[1]) for line in lines for k in ("replay pool", "wall time")
+                 if line.startswith(k + ": ")]
         if checkpoint:
             rows.append(("checkpoint", f"`{checkpoint['path']}` (manifest SHA-256 `{checkpoint['manifest_sha256']}`)"))
         if pictures:
             rows.append(("pictures", f"MLflow artifacts `{pictures}` (entropy, buckets, replays)"))
-        self._markdown(f"# ExGRPO run `{self.run_name}`", rows, self.links_markdown(tracker, summary["run_id"]))
+        text = "\n".join(summary_lines(summary))
+        self._markdown(f"# ExGRPO run `{self.run_name}`", rows, self.links_markdown(tracker, summary["run_id"])
+                       + f"\n\n## Summary\n\n```\n{text}\n```")
+        for line in text.splitlines():  # the flow run's logs end with it too (the API only)
+            _steps_log.info(line)
 
     def nothing_trained(self, message: str, mlflow_run_id: str | None, run_id: str | None) -> None:
         rows = [("status", "already finished: nothing trained"), ("why", message)]

@@ -157,6 +157,7 @@ def train(preset: Preset = "tiny", run_name: RunName = "", steps: Steps = 0, rep
         config: The whole config tree; when set, every other field but parent_mlflow_run_id is ignored.
         parent_mlflow_run_id: MLflow run to nest this run under (set by the compare flow).
     """
+    started = time.perf_counter()
     params = dict(preset=preset, run_name=run_name, steps=steps, replay_ratio=replay_ratio, seed=seed,
                   overrides=overrides, config=config)
     cfg, sets = run_config(params, current_flow_run.get_name(), current_flow_run.get_id(),
@@ -178,7 +179,7 @@ def train(preset: Preset = "tiny", run_name: RunName = "", steps: Steps = 0, rep
         s.mlflow_run_id = tracker.run_id
         s.store.update_run(s.run_id, mlflow_run_id=tracker.run_id, status="running")
         with _quiet_task_runs():
-            summary = _train_steps(s, cfg, tracker, evaluator, report)
+            summary = _train_steps(s, cfg, tracker, evaluator, report, started)
         tracker.end("FINISHED")
         s.store.update_run(s.run_id, status="finished")
         return summary
@@ -248,12 +249,14 @@ def log_pictures(s: Session, tracker: MlflowRun, step: int, stats: dict, ent: _E
     return name
 
 
-def _train_steps(s: Session, cfg: ExGRPOConfig, tracker: MlflowRun, evaluator, report: FlowRunReport) -> dict:
+def _train_steps(s: Session, cfg: ExGRPOConfig, tracker: MlflowRun, evaluator, report: FlowRunReport,
+                 started: float) -> dict:
     if s.resumed_from is not None:
         print(f"resumed run {s.run_id} after step {s.step} (checkpoint {checkpoint.folder_name(s.resumed_from)})")
         if s.step >= cfg.run.steps:
             print(f"run '{cfg.run.name}' already completed {s.step} steps: raise run.steps to continue it, "
                   "or set run.name to start a new run")
+    first_step = s.step
     report.start(s.step, tracker, s.run_id)
     stats: dict = {}
     pictures = None
@@ -289,6 +292,7 @@ def _train_steps(s: Session, cfg: ExGRPOConfig, tracker: MlflowRun, evaluator, r
         summary["eval"] = evaluator.final(s, tracker)
     ckpt = latest_checkpoint(s.run_dir)
     ref = tracker.log_checkpoint(ckpt, with_model=cfg.run.mlflow_log_model) if ckpt else None
+    summary.update(_outcome(s, tracker, first_step, started))
     tracker.log_json(summary, "summary.json")
     report.summary(summary=summary, cfg=cfg, tracker=tracker, checkpoint=ref,
                    pictures="plots/step_*" if pictures else None)
@@ -333,6 +337,24 @@ def _record_end(s: Session, tracker: MlflowRun | None, status: str) -> str:
         print(f"could not record run {s.run_id} as {status} in the experience database: "
               f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
     return f"recorded {status} in {' and '.join(done)}" if done else f"could not be recorded {status} anywhere"
+
+
+def _outcome(s: Session, tracker: MlflowRun, first_step: int, started: float) -> dict:
+    """What the end of a run reports besides its last step: the step-0 evaluation, the pool and retired-set
+    sizes in the database, the wall time, and where to look at the run (flows/run_report.py)."""
+    from exgrpo_core.config.redact import mask_text
+    from flows.eval_tasks import START_STEP, stored_summary
+    from flows.run_report import flow_run_url, look_commands
+
+    state = s.store.buffer_state(s.run_id, s.cfg.rollout.group_size, with_buckets=False)
+    look = look_commands(tracker_uri=tracker.uri, mlflow_url=tracker.run_url,
+                         db_url=s.store.url.render_as_string(hide_password=False), run_id=s.run_id)
+    prefect_url = flow_run_url()
+    return {"eval_start": stored_summary(s.store, s.run_id, START_STEP),
+            "pool": {"questions": state.pool_questions, "trajectories": state.pool_trajectories,
+                     "retired": state.retired_questions},
+            "first_step": first_step, "wall_s": time.perf_counter() - started,
+            "look": {**look, "prefect": mask_text(prefect_url) if prefect_url else None}}
 
 
 def _summary(s: Session, last: dict) -> dict:
