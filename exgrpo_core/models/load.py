@@ -77,6 +77,8 @@ def convert_smollm2(target: Path | None = None) -> Path:
     if target.is_dir():
         return target
     gguf = smollm2_gguf_path()
+    # the one line of a long step (a minute on a loaded CPU): the reader's own bar is off below
+    print(f"converting {SMOLLM2} from {gguf.name} into {target} (first use only, about a minute)", flush=True)
     with no_progress_bars(), _no_gguf_bar():
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
