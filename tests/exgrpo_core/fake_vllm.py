@@ -194,5 +194,6 @@ def install() -> None:
 @contextmanager
 def cuda():
     """`VLLMEngine` believes it has a GPU (nothing else does)."""
-    with mock.patch("exgrpo_core.rollout.vllm_engine.has_device", return_value=True):
+    with mock.patch("exgrpo_core.rollout.vllm_engine.has_device", return_value=True), \
+            mock.patch("exgrpo_core.rollout.vllm_engine.has_cuda", return_value=True):
         yield

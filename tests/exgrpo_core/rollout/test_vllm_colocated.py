@@ -16,6 +16,7 @@ the sampling maths is a Hugging Face model). The real engine is tested in test_r
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,12 +33,15 @@ from spawn_helpers import as_rank, run_two
 
 @pytest.fixture
 def vllm_stand_in(monkeypatch):
-    for name in ("vllm", "vllm.inputs", "vllm.platforms", "vllm.model_executor.model_loader.reload"):
-        monkeypatch.delitem(__import__("sys").modules, name, raising=False)
+    names = ("vllm", "vllm.inputs", "vllm.platforms", "vllm.model_executor.model_loader.reload")
+    for name in names:
+        monkeypatch.delitem(sys.modules, name, raising=False)
     fake_vllm.install()
     fake_vllm.LLM.instances.clear()
     with fake_vllm.cuda():
         yield
+    for name in names:  # the stand-in leaves with the test (monkeypatch then puts back what was there)
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture
