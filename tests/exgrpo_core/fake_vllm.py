@@ -84,7 +84,9 @@ class LLM:
         self.model = hf
         hf_config = AutoConfig.from_pretrained(model)  # vLLM: the folder's config, then `hf_overrides` by update
         hf_config.update(dict(kwargs.get("hf_overrides") or {}))
-        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config))
+        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config),
+                                          engine_core=SimpleNamespace(shutdown=lambda timeout=None: self.events.append(
+                                              "shutdown")))
         self.calls: list[str] = []  # sleep / wake_up / reset_prefix_cache / rpc, in order
         self.events: list[str] = []  # the same and each `generate` (with its prompt count), in order
         self.rpc_calls: list[str] = []
