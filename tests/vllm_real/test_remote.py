@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -73,18 +74,13 @@ def server(tmp_path_factory):
             raise RuntimeError(f"the rollout server did not start: {(tmp / 'server.log').read_text()[-3000:]}")
         time.sleep(1)
     print(f"rollout server up in {time.monotonic() - t0:.0f} s")
-    yield SimpleServer(url, tmp)
+    yield SimpleNamespace(url=url, tmp=tmp)
     proc.terminate()
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
     log.close()
-
-
-class SimpleServer:
-    def __init__(self, url: str, tmp: Path):
-        self.url, self.tmp = url, tmp
 
 
 @pytest.fixture(scope="module")
