@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
 import socket
 import sys
@@ -31,7 +32,6 @@ import urllib.parse
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from functools import cached_property
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable
 
@@ -178,6 +178,29 @@ def digest(tensor: torch.Tensor, dtype: torch.dtype) -> str:
     return hashlib.sha256(t.view(-1).view(torch.uint8).numpy()).hexdigest()
 
 
+def stream_source(params: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype, device: str = "cuda"):
+    """A vLLM `WeightSource` of the tensors team.py streams (set `.named` before each push; FSDP2: gathered in
+    step on every process), not ModuleSource's own gathers; fits vLLM 0.33's interface and 0.32's."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    class StreamSource(WeightSource):
+        named: Iterable = ()
+        meta = [ParamMeta(n, dtype, tuple(s)) for n, s in params]
+        if isinstance(inspect.getattr_static(WeightSource, "metadata", None), property):  # vLLM 0.33
+            metadata = property(lambda self: self.meta)
+        else:  # vLLM 0.32 (its CPU build's): a method, and the source is iterated itself
+            def metadata(self):
+                return self.meta
+
+        def iter_full(self):
+            for n, t in self.named:
+                yield n, t.detach().to(device, dtype).contiguous()
+
+        __iter__ = iter_full
+
+    return StreamSource()
+
+
 def nccl_transfer(client: ServerClient, params: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype, *,
                   host: str | None = None, port: int = 0):
     """vLLM's trainer-side NCCL weight-transfer engine (rank 0 the sender, the server's workers ranks 1..world);
@@ -186,28 +209,14 @@ def nccl_transfer(client: ServerClient, params: list[tuple[str, tuple[int, ...]]
     if not torch.cuda.is_available():
         raise VLLMUnavailable("rollout.weight_transfer=nccl sends weights GPU to GPU: the trainer needs a CUDA GPU "
                               "(rollout.weight_transfer=gloo goes over the host's network)")
-    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-    class StreamSource(WeightSource):
-        """The tensors team.py streams (FSDP2: gathered in step on every process), not ModuleSource's own gathers."""
-
-        named: Iterable = ()
-
-        @cached_property
-        def metadata(self):
-            return [ParamMeta(n, dtype, tuple(s)) for n, s in params]
-
-        def iter_full(self):
-            for n, t in self.named:
-                yield n, t.detach().to("cuda", dtype).contiguous()
-
+    source = stream_source(params, dtype)
     workers = int(client.call("GET", "/get_world_size")["world_size"])  # TP x PP x DP
     address = host or address_towards(client.url)  # vLLM's rendezvous store listens on this address only
     info = NCCLTrainerInitInfo(master_address=address, master_port=port or free_port(address),
                                world_size=workers + 1, rank=0)
-    source = StreamSource()
     engine = WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
 
     def send(named):

@@ -141,3 +141,20 @@ def test_a_push_whose_version_is_lost_stops_the_run(session, monkeypatch):
                         lambda weight_version=None: client.call("POST", "/finish_weight_update", {}))
     with pytest.raises(engine_sync.EngineSyncError, match="weight version"):
         loop.run_iteration(s)
+
+
+def test_the_nccl_path_stream_fits_this_vllms_weight_source():
+    """The NCCL transfer cannot run without GPUs; its source of tensors is built against the real vLLM here."""
+    import inspect
+
+    import torch
+    from vllm.distributed.weight_transfer.base import WeightSource
+
+    from exgrpo_core.rollout.remote import stream_source
+
+    src = stream_source([("a", (2, 3)), ("b", (4,))], torch.bfloat16, device="cpu")
+    assert isinstance(src, WeightSource)  # instantiable: every abstract member of this version is there
+    meta = src.metadata if isinstance(inspect.getattr_static(WeightSource, "metadata"), property) else src.metadata()
+    assert [(m.name, m.dtype, m.shape) for m in meta] == [("a", torch.bfloat16, (2, 3)), ("b", torch.bfloat16, (4,))]
+    src.named = [("a", torch.ones(2, 3)), ("b", torch.zeros(4))]
+    assert [(n, t.dtype) for n, t in src] == [("a", torch.bfloat16), ("b", torch.bfloat16)]
