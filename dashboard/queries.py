@@ -147,7 +147,7 @@ def target_weights(url: str, run_id: str) -> tuple[dict[int, float], str]:
         return {}, "unknown run"
     try:
         sel = SelectionConfig.model_validate(json.loads(row[0] or "{}").get("selection", {}))
-        w = bucket_weights(int(row[1]), sel.question_weighting, sel.sigma, sel.sigma_unit)
+        w = bucket_weights(int(row[1]), sel.question_weighting, sel.sigma, sel.sigma_unit, sel.mu)
     except (ValueError, SelectionError) as e:
         return {}, f"the stored config gives no weights ({str(e).splitlines()[0]})"
     if sel.question_weighting in PER_QUESTION:

@@ -45,7 +45,7 @@ def plan_batch(s: Session) -> BatchPlan:
     replay: list[str] = []
     if s.replay_active and cfg.replay_questions > 0:
         weights = selection.bucket_weights(cfg.rollout.group_size, cfg.selection.question_weighting,
-                                           cfg.selection.sigma, cfg.selection.sigma_unit)
+                                           cfg.selection.sigma, cfg.selection.sigma_unit, cfg.selection.mu)
         # = selection.sample_questions(buffer_state.buckets, ...), reading only bucket sizes and chosen uids
         replay = s.store.sample_replay_questions(
             s.run_id, cfg.rollout.group_size, cfg.replay_questions, weights, s.rng,
@@ -217,6 +217,7 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
                      else losses.unclipped_ratio_term)
     replay_term = (partial(losses.shaped_replay_term, beta=cfg.loss.shaping_beta) if cfg.loss.policy_shaping
                    else losses.plain_replay_term)
+    replay_term = losses.replay_behaviour(replay_term, cfg.loss.replay_old_logprobs)
     batch = collate(rows, advs, s.engine.pad_id, qidx, tis_cap=cfg.loss.tis_cap)
     flops = model_train_flops(s.accelerator.unwrap_model(s.model), batch.attention_mask.sum(1).tolist())
     t_opt = time.perf_counter()

@@ -244,7 +244,7 @@ def log_pictures(s: Session, tracker: MlflowRun, step: int, stats: dict, ent: _E
         correct=ent.correct, incorrect=ent.incorrect,
         buckets={k: int(stats.get(M.bucket_key(k), 0)) for k in range(K + 1)},
         replays=s.store.replay_buckets(s.run_id),
-        weights=selection.bucket_weights(K, sel.question_weighting, sel.sigma, sel.sigma_unit))
+        weights=selection.bucket_weights(K, sel.question_weighting, sel.sigma, sel.sigma_unit, sel.mu))
     tracker.log_artifacts(folder, name)
     return name
 

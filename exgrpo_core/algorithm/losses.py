@@ -12,6 +12,7 @@ micro-batch sum / max length, entropy as the micro-batch's token mean, averaged 
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Callable
 
 import torch
@@ -80,6 +81,29 @@ def shaped_replay_term(logp: torch.Tensor, behaviour_logp: torch.Tensor, adv: to
 def plain_replay_term(logp: torch.Tensor, behaviour_logp: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
     """Ablation without policy shaping (paper Table 4, "w/o policy shaping"): -A w. Returns [N, T]."""
     return -torch.exp(_log_ratio(logp, behaviour_logp)) * adv[:, None]
+
+
+def _current_behaviour_term(logp: torch.Tensor, behaviour_logp: torch.Tensor, adv: torch.Tensor, *,
+                            term: TokenTerm) -> torch.Tensor:
+    return term(logp, logp.detach(), adv)
+
+
+REPLAY_OLD_LOGPROBS = ("recorded", "current")
+"""Where a replayed row's behaviour log-probs come from: as stored at collection, or the current policy's."""
+
+
+def replay_behaviour(term: TokenTerm, source: str) -> TokenTerm:
+    """Paper Table 6 "w/o IS correction": source "current" makes pi_behaviour = pi_theta (detached), so w = 1.
+
+    "recorded" returns `term` unchanged (the stored trainer log-probs, paper/code). "current" returns a
+    term that ignores the stored log-probs and uses logp.detach() instead: the weight is exactly 1 on
+    every replayed token, f(1) = 1 / (1 + beta) with shaping, and the gradient weight on log pi is
+    beta / (1 + beta)^2 (0.0826 for beta = 0.1; 1 without shaping). The loss's iw statistics still
+    report the recorded ratio (how far the policy moved since collection); shaped_iw_mean the weight used.
+    """
+    if source not in REPLAY_OLD_LOGPROBS:
+        raise LossInputError(f"unknown replay_old_logprobs {source!r}; choose from {list(REPLAY_OLD_LOGPROBS)}")
+    return term if source == "recorded" else partial(_current_behaviour_term, term=term)
 
 
 def entropy_bonus_term(entropy_tok: torch.Tensor) -> torch.Tensor:

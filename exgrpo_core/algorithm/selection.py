@@ -19,26 +19,27 @@ class SelectionError(ValueError):
     """Invalid selection input (unknown variant, bad weights, inconsistent buckets)."""
 
 
-def _gaussian(acc: float, s: float) -> float:
-    return math.exp(-((acc - 0.5) ** 2) / (2.0 * s * s))
+def _gaussian(acc: float, s: float, mu: float = 0.5) -> float:
+    return math.exp(-((acc - mu) ** 2) / (2.0 * s * s))
 
 
-def _uniform(acc: float, s: float) -> float:
+def _uniform(acc: float, s: float, mu: float = 0.5) -> float:
     return 1.0
 
 
-def _linear(acc: float, s: float) -> float:
+def _linear(acc: float, s: float, mu: float = 0.5) -> float:
     return acc
 
 
-def _sqrt(acc: float, s: float) -> float:
+def _sqrt(acc: float, s: float, mu: float = 0.5) -> float:
     return math.sqrt(acc)
 
 
-# w(Acc, s) -> unnormalised bucket weight; s is the Gaussian width in accuracy units.
+# w(Acc, s, mu) -> unnormalised bucket weight; s is the Gaussian width and mu its centre, both in
+# accuracy units (only the Gaussian reads them).
 # bucket_uniform: every non-empty bucket equally likely; question_uniform: every pooled question equally
 # likely (the paper's "w/o question selection"), i.e. weight 1 per question (`PER_QUESTION`).
-BUCKET_WEIGHTINGS: dict[str, Callable[[float, float], float]] = {
+BUCKET_WEIGHTINGS: dict[str, Callable[[float, float, float], float]] = {
     "gaussian": _gaussian, "bucket_uniform": _uniform, "question_uniform": _uniform, "linear": _linear,
     "sqrt": _sqrt}
 PER_QUESTION = frozenset({"question_uniform"})
@@ -47,15 +48,17 @@ _SIGMA_SCALE: dict[str, Callable[[float, int], float]] = {
     "count": lambda sigma, k: sigma / k, "accuracy": lambda sigma, k: sigma}
 
 
-def bucket_weights(group_size: int, weighting: str, sigma: float, sigma_unit: str) -> dict[int, float]:
+def bucket_weights(group_size: int, weighting: str, sigma: float, sigma_unit: str,
+                   mu: float = 0.5) -> dict[int, float]:
     """ExGRPO question weighting w(Acc(q)), Acc = k/K, for buckets k = 1..K-1 (unnormalised).
 
-    gaussian: exp(-(Acc - 0.5)^2 / (2 s^2)), s = sigma/K (unit "count", code) or sigma ("accuracy",
-    paper text); bucket_uniform and question_uniform: 1 (per bucket / per question, see
+    gaussian: exp(-(Acc - mu)^2 / (2 s^2)), mu the centre in accuracy units (0.5: paper/code; Table 3
+    also runs 0.25; in count units the centre is mu*K successes), s = sigma/K (unit "count", code) or
+    sigma ("accuracy", paper text); bucket_uniform and question_uniform: 1 (per bucket / per question, see
     `PER_QUESTION`); linear: Acc; sqrt: sqrt(Acc).
 
     Example: K = 8, gaussian, sigma = 1, count -> weights exp(-(k - 4)^2 / 2), i.e. normalised
-    .004/.054/.242/.399/.242/.054/.004 for k = 1..7.
+    .004/.054/.242/.399/.242/.054/.004 for k = 1..7; mu = 0.25 -> exp(-(k - 2)^2 / 2), peak at k = 2.
     """
     if group_size < 2:
         raise SelectionError(f"group_size must be >= 2, got {group_size}")
@@ -65,9 +68,11 @@ def bucket_weights(group_size: int, weighting: str, sigma: float, sigma_unit: st
         raise SelectionError(f"unknown sigma_unit {sigma_unit!r}; choose from {sorted(_SIGMA_SCALE)}")
     if not sigma > 0:
         raise SelectionError(f"sigma must be > 0, got {sigma}")
+    if not (isinstance(mu, (int, float)) and 0 <= mu <= 1):
+        raise SelectionError(f"mu must be an accuracy in [0, 1], got {mu!r}")
     s = _SIGMA_SCALE[sigma_unit](sigma, group_size)
     w = BUCKET_WEIGHTINGS[weighting]
-    return {k: w(k / group_size, s) for k in range(1, group_size)}
+    return {k: w(k / group_size, s, float(mu)) for k in range(1, group_size)}
 
 
 def _check_weights(weights: dict[int, float]) -> None:

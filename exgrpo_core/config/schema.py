@@ -283,6 +283,9 @@ class SelectionConfig(_Section):
     """Gaussian width, in `sigma_unit`. Code: 1 success count = 1/K in accuracy."""
     sigma_unit: Literal["count", "accuracy"] = "count"
     """Unit of sigma: `count` (success counts, the code) or `accuracy` (the paper's literal text)."""
+    mu: float = Field(default=0.5, ge=0, le=1)
+    """Centre of the Gaussian weighting, in accuracy units (0..1; paper/code 0.5, Table 3 also 0.25);
+    with sigma_unit=count it sits at mu*K successes."""
     trajectory: Literal["argmin", "random", "argmax"] = "argmin"
     """Which stored correct trajectory to replay: lowest current-policy entropy (default) or ablations."""
     entropy: Literal["mean", "nll"] = "mean"
@@ -307,6 +310,9 @@ class LossConfig(_Section):
     """beta in f(w) = w / (w + beta) on replayed tokens (paper/code: 0.1)."""
     policy_shaping: bool = True
     """Ablation switch: False uses the plain importance weight w on replayed tokens."""
+    replay_old_logprobs: Literal["recorded", "current"] = "recorded"
+    """Behaviour log-probs of replayed tokens: recorded (stored at collection, paper/code) or current
+    (the current policy's, detached: w = 1, the paper's Table 6 "w/o IS correction"; f(w) still applies)."""
     aggregation: Literal["seq_sum_norm", "token_mean", "micro_sum_norm"] = "seq_sum_norm"
     """seq_sum_norm: policy gradient and entropy summed over tokens / (rows * max response length) per
     mini-batch (Dr.GRPO); token_mean: paper Eq. 4; micro_sum_norm (the authors' code, `paper`): per

@@ -132,7 +132,7 @@ def _target_weights(cfg: ExGRPOConfig) -> dict[int, float]:
     """The arm's bucket weights w(k/K), k = 1..K-1 ({} for a weighting the selection rules do not list)."""
     sel = cfg.selection
     try:
-        return selection.bucket_weights(cfg.rollout.group_size, sel.question_weighting, sel.sigma, sel.sigma_unit)
+        return selection.bucket_weights(cfg.rollout.group_size, sel.question_weighting, sel.sigma, sel.sigma_unit, sel.mu)
     except selection.SelectionError:
         return {}
 

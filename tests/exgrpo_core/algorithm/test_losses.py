@@ -285,3 +285,49 @@ def test_the_entropy_mean_is_taken_over_the_authors_micro_batches():
     assert float(L.aggregate(entropy, mask, L.virtual_micro_denominator(3, 65537, 32768, 1))) == pytest.approx(6.0)
     with pytest.raises(L.LossInputError):
         L.virtual_micro_denominator(3, 10, 0, 1)
+
+
+# ---------------------------------------------------------------- loss.replay_old_logprobs (paper Table 6)
+def _replayed_batch():
+    logp = torch.log(torch.tensor([[0.3, 0.6, 0.9], [0.2, 0.5, 0.7]], dtype=torch.float64)).requires_grad_(True)
+    stored = torch.log(torch.tensor([[0.1, 0.9, 0.4], [0.6, 0.25, 0.7]], dtype=torch.float64))  # w != 1
+    adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    mask = torch.ones(2, 3, dtype=torch.float64)
+    return logp, stored, adv, mask, torch.tensor([True, True])
+
+
+def _replay_grad(source, replay=SHAPE):
+    logp, stored, adv, mask, is_replay = _replayed_batch()
+    loss, stats = L.mixed_policy_loss(logp, stored, adv, mask, is_replay, onpolicy_term=CLIP,
+                                      replay_term=L.replay_behaviour(replay, source),
+                                      denominator=L.token_mean_denominator(mask))
+    loss.backward()
+    return logp.grad, stats, logp.detach(), stored, adv
+
+
+def test_current_behaviour_logprobs_give_weight_exactly_one():
+    logp, stored, adv, _, _ = _replayed_batch()
+    term = L.replay_behaviour(SHAPE, "current")
+    # the term's applied weight -term(.., A = 1) is f(1) = 1 / 1.1 on every token, whatever was stored
+    assert torch.equal(-term(logp, stored, torch.ones(2, dtype=torch.float64)),
+                       torch.full((2, 3), 1 / 1.1, dtype=torch.float64))
+    assert torch.equal(-L.replay_behaviour(L.plain_replay_term, "current")(logp, stored, torch.ones(2, dtype=torch.float64)),
+                       torch.ones(2, 3, dtype=torch.float64))
+
+
+def test_current_behaviour_gradient_is_the_shaped_term_at_w_one():
+    grad, stats, _, _, adv = _replay_grad("current")
+    # d(-A f(w))/d logp = -A beta w / (w + beta)^2 = -A * 0.1 / 1.21 = -A * 0.0826 at w = 1, token mean / 6
+    per_token = 0.1 / 1.1 ** 2
+    assert per_token == pytest.approx(0.0826, abs=1e-4)
+    assert_close(grad, (-adv[:, None] * per_token / 6).expand(2, 3))
+    assert stats["loss/shaped_iw_mean"] == pytest.approx(1 / 1.1)
+
+
+def test_recorded_behaviour_logprobs_are_todays_loss():
+    grad, _, logp, stored, adv = _replay_grad("recorded")
+    w = torch.exp(logp - stored)
+    assert_close(grad, -adv[:, None] * 0.1 * w / (w + 0.1) ** 2 / 6)
+    assert L.replay_behaviour(SHAPE, "recorded") is SHAPE
+    with pytest.raises(L.LossInputError, match="unknown replay_old_logprobs"):
+        L.replay_behaviour(SHAPE, "sampler")

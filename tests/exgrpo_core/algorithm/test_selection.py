@@ -195,3 +195,32 @@ def test_batch_correct_fraction_and_delayed_start():
         S.batch_correct_fraction([])
     with pytest.raises(S.SelectionError, match="threshold"):
         S.replay_should_start(0.5, 1.5)
+
+
+# ---------------------------------------------------------------- selection.mu (paper Table 3)
+def test_gaussian_mu_quarter_peaks_at_two_successes_for_k8():
+    # mu = 0.25, s = 1/8: w_k = exp(-(k/8 - 1/4)^2 / (2/64)) = exp(-(k - 2)^2 / 2), normalised
+    raw = {k: math.exp(-((k - 2) ** 2) / 2) for k in range(1, 8)}
+    expected = _normalise(raw)  # .257/.424/.257/.057/.005/.000/.000
+    p = _normalise(S.bucket_weights(8, "gaussian", 1.0, "count", mu=0.25))
+    assert max(p, key=p.get) == 2
+    assert p == pytest.approx(expected, rel=1e-12)
+    assert [round(v, 3) for v in p.values()] == [0.257, 0.424, 0.257, 0.057, 0.005, 0.0, 0.0]
+
+
+def test_gaussian_mu_half_reproduces_todays_probabilities():
+    p = _normalise(S.bucket_weights(8, "gaussian", 1.0, "count", mu=0.5))
+    assert [round(v, 3) for v in p.values()] == [0.004, 0.054, 0.242, 0.399, 0.242, 0.054, 0.004]
+    assert p == _normalise(S.bucket_weights(8, "gaussian", 1.0, "count"))
+
+
+def test_gaussian_mu_in_accuracy_unit_and_other_weightings_ignore_it():
+    for k, w in S.bucket_weights(8, "gaussian", 0.3, "accuracy", mu=0.75).items():
+        assert w == pytest.approx(math.exp(-((k / 8 - 0.75) ** 2) / (2 * 0.3 ** 2)))
+    assert S.bucket_weights(6, "linear", 1.0, "count", mu=0.25) == S.bucket_weights(6, "linear", 1.0, "count")
+
+
+@pytest.mark.parametrize("mu", [-0.1, 1.5, float("nan")])
+def test_gaussian_mu_outside_unit_interval_is_refused(mu):
+    with pytest.raises(S.SelectionError, match="mu must be an accuracy in"):
+        S.bucket_weights(8, "gaussian", 1.0, "count", mu=mu)
