@@ -28,6 +28,10 @@ class Question:
     answer: str
     source: str = "train"
     reward_style: str = ""
+    prompt: str | None = None
+    """The raw prompt text (data.prompt_template other than `chat`): tokenised as it is, with the
+    tokenizer's own special tokens (BOS where it defines one), no chat template; None: `messages`
+    go through the chat template."""
 
     @property
     def text(self) -> str:

@@ -88,7 +88,8 @@ def _preflight(cfg, run_dir: Path) -> None:
     check_context(cfg)  # prompt + response must fit the model's positions (read from its config)
     questions = data.load_questions(
         cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
-        system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction, max_questions=cfg.data.max_questions)
+        system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction, max_questions=cfg.data.max_questions,
+        prompt_template=cfg.data.prompt_template)
     check_golds(cfg, questions)  # no usable gold answer at all: one line now, not after Prefect starts
     make_run_dir(run_dir)  # the default SQLite database lives in it (removed if the start fails)
     db_url = resolve_db_url(cfg.run.db_url, run_dir)

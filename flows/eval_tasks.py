@@ -31,7 +31,7 @@ def load_items(cfg: ExGRPOConfig) -> list[E.EvalItem]:
     d = cfg.data
     return [it for spec in specs for it in E.load_suite(
         spec, question_key=d.question_key, answer_key=d.answer_key, system_prompt=d.system_prompt,
-        instruction=d.instruction, max_questions=cfg.eval.max_questions)]
+        instruction=d.instruction, max_questions=cfg.eval.max_questions, prompt_template=d.prompt_template)]
 
 
 def generation_args(cfg: ExGRPOConfig) -> dict:

@@ -118,6 +118,39 @@ class DataConfig(_Section):
     """Appended to the user message of flat rows (the Qwen-math convention used by the paper's code)."""
     max_questions: int | None = None
     """Use only the first N questions (after loading), e.g. for smoke runs."""
+    prompt_template: str = "chat"
+    """How a question becomes its prompt, in training and evaluation alike: `chat` (the tokenizer's chat
+    template over [system_prompt?] + user(question + newline + instruction)), or a raw prompt for a base
+    model, a format string with {question} and optionally {instruction}, e.g. the paper's Llama-3.1-8B
+    run: "User: {question} Answer: Let's think step by step." The raw text is encoded with
+    add_special_tokens=True (the tokenizer's BOS where it defines one, as a base model expects), no chat
+    template; system_prompt is not used (exgrpo_core/data/questions.py `with_template`)."""
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template_fields(cls, v):
+        if v == "chat":
+            return v
+        import string
+
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(v) if f is not None]
+        except ValueError as e:
+            raise ValueError(f"data.prompt_template {v!r} is not a format string ({e}); use `chat` or a "
+                             "text with {question}") from None
+        unknown = sorted({f for f in fields if f not in ("question", "instruction")})
+        if unknown or "question" not in fields:
+            raise ValueError(f"data.prompt_template {v!r} " + (
+                f"has unknown field(s) {', '.join('{' + f + '}' for f in unknown)}" if unknown else "has no {question}")
+                + ": use `chat` or a text with {question} and optionally {instruction}")
+        return v
+
+    @model_validator(mode="after")
+    def _system_needs_chat(self):
+        if self.system_prompt and self.prompt_template != "chat":
+            raise ValueError("data.system_prompt needs data.prompt_template=chat: a raw prompt template has no "
+                             "system message (write the text into the template instead)")
+        return self
 
 
 class RolloutConfig(_Section):

@@ -27,7 +27,8 @@ class DataError(ValueError):
 def load_questions(path: str, *, question_key: str = "question", answer_key: str = "answer",
                    system_prompt: str | None = None,
                    instruction: str = "Please reason step by step, and put your final answer within \\boxed{}.",
-                   max_questions: int | None = None, locations: dict[str, str] | None = None) -> list[Question]:
+                   max_questions: int | None = None, locations: dict[str, str] | None = None,
+                   prompt_template: str = "chat") -> list[Question]:
     """Read questions from `bundled:NAME`, a .jsonl / .parquet file, `hf:NAME[:CONFIG][:SPLIT]` or
     `gen:arith-<sft|train|test>` (generated two-digit arithmetic, exgrpo_core/data/arith.py).
 
@@ -38,6 +39,10 @@ def load_questions(path: str, *, question_key: str = "question", answer_key: str
         instruction: appended to the user message of flat rows after a newline ("" for none).
         max_questions: keep the first N questions.
         locations: when given, filled with uid -> the row's place ("line 12", "row 3") for reports.
+        prompt_template: `chat` (the messages above, rendered by the tokenizer's chat template) or a
+            raw prompt, a format string over {question} and optionally {instruction} (data.prompt_template;
+            `with_template`): flat rows fill {question} with the question field, verl rows with their
+            last user message; the system prompt is not used.
 
     Returns:
         Questions in file order. uid = the row's `id`/`uid`, else "<dataset>-<row index>".
@@ -50,6 +55,9 @@ def load_questions(path: str, *, question_key: str = "question", answer_key: str
     for index, (where, row) in enumerate(rows):
         q = _to_question(row, f"{path} {where}", f"{name}-{index}", name, question_key, answer_key,
                          system_prompt, instruction)
+        if prompt_template != CHAT:
+            text = row.get(question_key) if not isinstance(row.get("prompt"), list) else None
+            q = with_template(q, prompt_template, text.strip() if isinstance(text, str) else q.text, instruction)
         if q.uid in seen:
             raise DataError(f"{path} {where}: duplicated uid {q.uid!r} (first seen at {seen[q.uid]})")
         seen[q.uid] = where
@@ -64,14 +72,34 @@ def load_questions(path: str, *, question_key: str = "question", answer_key: str
     return questions
 
 
+CHAT = "chat"
+"""data.prompt_template's default: the tokenizer's chat template over the question's messages."""
+
+
+def with_template(q: Question, template: str, question: str, instruction: str) -> Question:
+    """`q` prompted by the raw `template` (data.prompt_template): its prompt is template.format(question=...,
+    instruction=...), also its one user message (so the experience store tells it from the chat-prompted one).
+
+    Example: with_template(q, "User: {question} Answer: Let's think step by step.", "1+2", "") prompts
+    "User: 1+2 Answer: Let's think step by step." (the paper's Llama-3.1-8B base prompt).
+    """
+    prompt = template.format(question=question, instruction=instruction)
+    return Question(q.uid, ({"role": "user", "content": prompt},), q.answer, q.source, q.reward_style, prompt)
+
+
 def prompt_token_ids(tokenizer, question: Question, max_prompt_tokens: int) -> list[int]:
-    """The question's chat prompt (generation prompt added) as token ids, keeping the LAST max_prompt_tokens.
+    """The question's prompt as token ids, keeping the LAST max_prompt_tokens: its chat prompt (generation
+    prompt added), or, for a raw-template question (`question.prompt`), that text encoded with
+    add_special_tokens=True, i.e. with the BOS a base model expects where the tokenizer defines one
+    (Llama-3.1: <|begin_of_text|>; Qwen2.5: none).
 
     Example: the tiny tokenizer renders [user "1+2"] as "<bos><|user|>1+2\\n<|assistant|>", one id per
     character or marker; with max_prompt_tokens=3 only the ids of "2", "\\n", "<|assistant|>" remain.
     """
     if max_prompt_tokens < 1:
         raise ValueError(f"max_prompt_tokens must be >= 1 (got {max_prompt_tokens})")
+    if question.prompt is not None:
+        return list(tokenizer(question.prompt, add_special_tokens=True)["input_ids"][-max_prompt_tokens:])
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(f"the tokenizer has no chat_template, so question {question.uid!r} cannot be "
                         "rendered as a chat prompt; use an instruct model or set tokenizer.chat_template")

@@ -107,12 +107,18 @@ def group_repeats(questions: list[Question], max_questions: int | None = None) -
 
 def load_suite(spec: str, *, question_key: str = "question", answer_key: str = "answer",
                system_prompt: str | None = None, instruction: str = "",
-               max_questions: int | None = None) -> list[EvalItem]:
-    """Read a suite (see `resolve_suite`, `HUB_SUITES`) and group its repeated rows; raises DataError naming it."""
+               max_questions: int | None = None, prompt_template: str = data.CHAT) -> list[EvalItem]:
+    """Read a suite (see `resolve_suite`, `HUB_SUITES`) and group its repeated rows; raises DataError naming it.
+    `prompt_template`: data.prompt_template, as training prompts (`data.load_questions`; a hub suite's
+    {question} is its built user message)."""
     if spec in HUB_SUITES:
-        return group_repeats(load_hub_suite(spec), max_questions)
+        hub = load_hub_suite(spec)
+        if prompt_template != data.CHAT:
+            hub = [data.with_template(q, prompt_template, q.text, instruction) for q in hub]
+        return group_repeats(hub, max_questions)
     questions = data.load_questions(resolve_suite(spec), question_key=question_key, answer_key=answer_key,
-                                    system_prompt=system_prompt, instruction=instruction)
+                                    system_prompt=system_prompt, instruction=instruction,
+                                    prompt_template=prompt_template)
     return group_repeats(questions, max_questions)
 
 

@@ -68,7 +68,7 @@ class Session:
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     def prompt_ids(self, uid: str) -> list[int]:
-        """Chat-templated, truncated prompt token ids of a question (cached)."""
+        """Truncated prompt token ids of a question (chat template or data.prompt_template; cached)."""
         if uid not in self._prompt_cache:
             self._prompt_cache[uid] = data.prompt_token_ids(
                 self.tokenizer, self.questions[uid], self.cfg.rollout.max_prompt_tokens)
@@ -128,7 +128,7 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
     questions = data.load_questions(
         cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
         system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction,
-        max_questions=cfg.data.max_questions, locations=where)
+        max_questions=cfg.data.max_questions, locations=where, prompt_template=cfg.data.prompt_template)
     verifier = None
     if verify is None:
         verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
