@@ -64,7 +64,8 @@ def main() -> None:
     cfg = load_config(args.config, args.set)
     model, tok = models.load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, tiny=cfg.model.tiny.model_dump())
     qs = data.load_questions(cfg.data.train_path,
-                             system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction)
+                             system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction,
+                             prompt_template=cfg.data.prompt_template)
     b = args.questions or cfg.train.batch_size
     prompts = [data.prompt_token_ids(tok, q, cfg.rollout.max_prompt_tokens) for q in qs[:b]]
     K, T, temp = cfg.rollout.group_size, cfg.rollout.max_response_tokens, cfg.rollout.temperature

@@ -56,7 +56,7 @@ def main() -> None:
     cfg = load_config(args.config, args.set + [f"eval.max_questions={args.max_questions}"])
     items = E.load_suite(args.suite, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
                          system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction,
-                         max_questions=args.max_questions)
+                         max_questions=args.max_questions, prompt_template=cfg.data.prompt_template)
     model, tok = models.load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype,
                                     tiny=cfg.model.tiny.model_dump(), seed=cfg.run.seed)
     if torch.cuda.is_available():

@@ -60,11 +60,16 @@ def test_chat_default_gives_todays_ids(tmp_path):
     assert data.prompt_token_ids(tok, q, 1024) == tok(text, add_special_tokens=False)["input_ids"]
 
 
-@pytest.mark.parametrize("bad", ["no field here", "{question} {answer}", "{0} {question}", "{question",
-                                 "{instruction} only"])
-def test_a_bad_template_is_a_config_error(bad):
-    with pytest.raises(ConfigError, match="data.prompt_template"):
+@pytest.mark.parametrize(("bad", "why"), [("no field here", "has no {question}"),
+                                          ("{question} {answer}", "has unknown field(s) {answer}"),
+                                          ("{0} {question}", "has unknown field(s) {0}"),
+                                          ("{question", "is not a format string"),
+                                          ("{instruction} only", "has no {question}")])
+def test_a_bad_template_is_a_config_error(bad, why):
+    with pytest.raises(ConfigError) as err:
         load_config("tiny", [f"data.prompt_template={json.dumps(bad)}"])
+    line = next(l for l in str(err.value).splitlines() if "data.prompt_template" in l)
+    assert f"data.prompt_template {bad!r} {why}" in line
 
 
 def test_a_system_prompt_needs_the_chat_template():
