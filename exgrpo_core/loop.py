@@ -156,7 +156,8 @@ def verify(s: Session, rollouts: list[Rollout]) -> dict:
 
 
 def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple[list[GroupResult], dict]:
-    """Record every group, collect eligible correct responses, retire solved questions: one transaction."""
+    """Record every group, collect eligible correct responses, retire solved questions: one transaction; on
+    a review step (buffer.review_retired_every) a second puts part of the retired set back."""
     t0 = time.perf_counter()
     by_uid: dict[str, list[Rollout]] = {}
     for r in rollouts:
@@ -169,6 +170,10 @@ def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple
         collect=s.replay_active or b.collect_before_replay, collect_min_k=b.collect_min_k,
         collect_max_k=s.cfg.collect_max_k, retire=b.retire_solved, store_all=b.store_all_rollouts,
         keep_bucket_on_zero=b.zero_success == "keep_bucket")
+    reviewing = b.review_retired_every > 0 and M.step_number(plan.step) % b.review_retired_every == 0
+    # retired-set review (paper Table 7), after this step's retirements; draws from s.rng only when reviewing
+    reviewed = s.store.review_retired(s.run_id, plan.step, b.review_fraction, s.rng) if reviewing else []
+    stats[M.REVIEWED_RETIRED] = float(len(reviewed))
     fresh = [r.reward for g in groups if not g.is_replay for r in g.rollouts]
     stats[M.FRESH_PASS1] = _mean(fresh)
     stats[M.TIME_BUFFER] = time.perf_counter() - t0

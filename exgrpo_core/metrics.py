@@ -31,6 +31,7 @@ DUPLICATES = "buffer/duplicates"
 NEWLY_RETIRED = "buffer/newly_retired"
 STORED_ROLLOUTS = "buffer/stored_rollouts"
 POOLED_ZERO_SUCCESS = "buffer/pooled_zero_success"  # pooled questions whose group scored 0/K this step
+REVIEWED_RETIRED = "buffer/reviewed_retired"  # retired questions a review put back this step (0 off review steps)
 # selection
 REPLAYED_SAMPLES = "select/replayed_samples"
 REPLAYED_ENTROPY = "select/replayed_entropy"

@@ -284,6 +284,12 @@ class BufferConfig(_Section):
     """(code) Skip retired questions in on-policy sampling at the next pass over the data."""
     min_fresh_remaining: int = Field(default=64, ge=0)
     """Skip retired questions in fresh sampling only while at least this many unretired questions remain."""
+    review_retired_every: int = Field(default=0, ge=0)
+    """Retired-set review (paper Table 7): at every step number divisible by this, review_fraction of the
+    retired questions (drawn by the run's seeded generator) are put back: in on-policy sampling from the
+    next pass over the data, their experiences back in the pool. 0: off (retirement permanent, the code)."""
+    review_fraction: float = Field(default=0.1, gt=0, le=1)
+    """Fraction of the retired set a review puts back, ceil(fraction x retired) questions (paper: 0.1)."""
     zero_success: Literal["keep_bucket", "move"] = "keep_bucket"
     """A pooled question whose fresh group scores 0/K: keep_bucket (code: the bucket update is skipped on
     0 successes) or move (to bucket 0, never drawn for replay while it stays pooled). Counted either

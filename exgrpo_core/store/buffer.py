@@ -17,7 +17,7 @@ from sqlalchemy import Connection, and_, bindparam, case, func, insert, or_, sel
 from exgrpo_core import metrics as M
 from exgrpo_core.store.codec import CodecError, encode_logprobs, encode_token_ids
 from exgrpo_core.store.engine import StoreError
-from exgrpo_core.store.tables import GroupResultRow, QuestionState, Trajectory
+from exgrpo_core.store.tables import GroupResultRow, QuestionState, RetirementReview, Trajectory
 from exgrpo_core.store.replay import move_slots, pooled_filter
 from exgrpo_core.types import BufferState, GroupResult, Rollout
 
@@ -200,6 +200,49 @@ def _retire(conn: Connection, run_id: str, step: int, qids: list[int]) -> None:
         conn.execute(update(Trajectory).where(
             Trajectory.run_id == run_id, Trajectory.question_id.in_(part), Trajectory.in_pool.is_(True),
         ).values(in_pool=False, retired=True))
+
+
+def review_count(fraction: float, n_retired: int) -> int:
+    """Retired-set review (paper Table 7): ceil(fraction x |retired|) questions are put back (0 of none)."""
+    if not 0 < fraction <= 1:
+        raise StoreError(f"review fraction must be in (0, 1], got {fraction}")
+    return min(n_retired, math.ceil(fraction * n_retired - 1e-9))  # 0.1 x 30 is 3, not ceil(3.0000000000000004)
+
+
+def review_retired(conn: Connection, run_id: str, step: int, fraction: float, rng) -> list[str]:
+    """Retired-set review (paper Table 7), in the caller's transaction: put back ceil(fraction x |retired|).
+
+    The questions are `rng.sample(retired uids in code-point order, n)` (no draw at all when none is
+    retired), so the run's seeded generator picks the same ones again after a resume. Each goes back to
+    on-policy sampling (retired = False) and its retired experiences back to the pool in its latest
+    bucket (latest k, often K until a new group moves it, and bucket K is never drawn for replay); its
+    old retired_step is logged in `retirement_reviews` under `step` so a rollback before `step` retires
+    it again. Returns the uids put back.
+    """
+    qs, T = QuestionState, Trajectory
+    retired = sorted(conn.execute(select(qs.uid, qs.question_id, qs.latest_k, qs.retired_step).where(
+        qs.run_id == run_id, qs.retired.is_(True))).all(), key=lambda r: r[0])
+    n = review_count(fraction, len(retired))
+    if n == 0:
+        return []
+    chosen = rng.sample(retired, n)
+    qids = sorted(qid for _, qid, _, _ in chosen)
+    pooled: Counter = Counter()
+    for part in chunks(qids):
+        pooled.update(dict(conn.execute(select(T.question_id, func.count()).where(
+            T.run_id == run_id, T.question_id.in_(part), T.retired.is_(True)).group_by(T.question_id)).all()))
+    bulk_insert(conn, insert(RetirementReview), [dict(run_id=run_id, step=step, question_id=qid, retired_step=rs)
+                                                 for _, qid, _, rs in sorted(chosen, key=lambda r: r[1])])
+    # joining their buckets first: move_slots reads the buckets before the states change
+    move_slots(conn, run_id, step, [], [(k, uid, qid) for uid, qid, k, _ in chosen
+                                        if pooled[qid] > 0 and k is not None])
+    for part in chunks(qids):
+        conn.execute(update(T).where(T.run_id == run_id, T.question_id.in_(part), T.retired.is_(True))
+                     .values(in_pool=True, retired=False))
+    conn.execute(update(qs).where(qs.run_id == bindparam("b_run"), qs.question_id == bindparam("b_qid")).values(
+        retired=False, retired_step=None, pool_size=bindparam("b_pool")),
+        [dict(b_run=run_id, b_qid=qid, b_pool=pooled[qid]) for qid in qids])
+    return [uid for uid, _, _, _ in chosen]
 
 
 def _sha1(s: str) -> str:

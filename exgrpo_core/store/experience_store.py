@@ -23,7 +23,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from exgrpo_core.algorithm import selection
 from exgrpo_core.store.codec import decode_logprobs, decode_token_ids
-from exgrpo_core.store.buffer import (CollectRule, apply_groups, bulk_insert, chunks, none_if_nan,
+from exgrpo_core.store.buffer import (CollectRule, apply_groups, bulk_insert, chunks, none_if_nan, review_retired,
                                       read_buffer_state)
 from exgrpo_core.store.engine import (StoreError, create_store_engine, mask_url, parse_url, read_connection,
                                       resolve_db_url, upgrade_schema, write_transaction)
@@ -323,6 +323,14 @@ class ExperienceStore(WarmStartStore, AuditStore):
             conn.execute(update(QS).where(QS.run_id == run_id, QS.question_id == bindparam("b_qid")).values(
                 times_replayed=QS.times_replayed + bindparam("b_n")),
                 [dict(b_qid=qid, b_n=n) for qid, n in per_q.items()])
+
+    def review_retired(self, run_id: str, step: int, fraction: float, rng: random.Random) -> list[str]:
+        """Retired-set review (paper Table 7) at `step`, all or nothing: ceil(fraction x |retired|) retired
+        questions, drawn by `rng`, back in on-policy sampling and their experiences back in the pool
+        (store.buffer.review_retired; a rollback before `step` retires them again). Returns their uids."""
+        with write_transaction(self.engine, f"retired-set review of run {run_id} at step {step}") as conn:
+            self._require_run(conn, run_id)
+            return review_retired(conn, run_id, step, fraction, rng)
 
     def retired_uids(self, run_id: str) -> set[str]:
         """Uids of the run's retired questions."""

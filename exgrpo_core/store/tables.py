@@ -94,6 +94,19 @@ class PoolSlotLog(Base):
     __table_args__ = (Index("ix_pool_slot_log_run_step", "run_id", "step"),)
 
 
+class RetirementReview(Base):
+    """A retired question put back by the retired-set review of `step` (buffer.review_retired_every), with the
+    retired_step it had, so that a rollback before `step` retires it again as it was (0007)."""
+
+    __tablename__ = "retirement_reviews"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    step: Mapped[int] = mapped_column(Integer)
+    question_id: Mapped[int] = mapped_column(ForeignKey("questions.id"))
+    retired_step: Mapped[int | None] = mapped_column(Integer)
+    __table_args__ = (Index("ix_retirement_reviews_run_step", "run_id", "step"),)
+
+
 class GroupResultRow(Base):
     __tablename__ = "group_results"
     id: Mapped[int] = mapped_column(BigId, primary_key=True)

@@ -27,6 +27,11 @@ ARMS: dict[str, tuple[tuple[str, ...], float | None]] = {
     "rho_0.25": (("buffer.replay_ratio=0.25",), 46.4),
     "rho_0.75": (("buffer.replay_ratio=0.75",), 44.8),
     "no_policy_shaping": (("loss.policy_shaping=false",), 41.2),
+    # the paper's other tables: Gaussian centred on Acc 0.25 (Table 3), no IS correction (Table 6: replayed
+    # tokens' w = 1, shaping still applied), retired-set review every 25 steps, 10% (Table 7)
+    "mu_0.25": (("selection.mu=0.25",), None),
+    "no_is_correction": (("loss.replay_old_logprobs=current",), 47.1),
+    "review_retired": (("buffer.review_retired_every=25", "buffer.review_fraction=0.1"), None),
 }
 
 ArmName = Literal[tuple(ARMS)]  # the Prefect form offers these names

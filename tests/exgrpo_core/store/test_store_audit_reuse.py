@@ -14,7 +14,7 @@ from alembic import command
 from sqlalchemy import select, text
 from store_helpers import BACKENDS, dump_run, fresh_database, group, questions, store, update  # noqa: F401
 
-from exgrpo_core.store.engine import _alembic_config, create_store_engine, parse_url
+from exgrpo_core.store.engine import _alembic_config, create_store_engine, head_revision, parse_url
 from exgrpo_core.store.experience_store import ExperienceStore, StoreError
 from exgrpo_core.store.tables import QuestionState, Trajectory
 
@@ -74,8 +74,8 @@ def test_audit_fields_are_stored_and_old_rows_stay_valid_across_0006(empty_url):
                        "VALUES (:r, :q, 0, 0, 1.0, 0.5, 1, false, 'x 1', 'h', :b, :b, false, false, 0)"),
                   {"r": old, "q": qid, "b": b"\0\0\0\0"})
     engine.dispose()
-    s = ExperienceStore(empty_url)  # upgrades to 0006
-    assert s.revision == "0006"
+    s = ExperienceStore(empty_url)  # upgrades to head (0006 and later)
+    assert s.revision == head_revision()
     row = s.stored_trajectories(old)[0]
     assert row["reward"] == 1.0 and all(row[f] is None for f in ("prediction", "gold", "verifier", "verifier_version",
                                                                  "verify_timed_out", "verify_reason"))

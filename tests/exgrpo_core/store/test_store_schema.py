@@ -16,7 +16,7 @@ from exgrpo_core.store.engine import head_revision
 from exgrpo_core.store.tables import Base, StepMetric
 
 TABLES = {"runs", "questions", "question_states", "group_results", "trajectories", "replays", "step_metrics",
-          "eval_results", "pool_slot_log", "reward_changes", "alembic_version"}
+          "eval_results", "pool_slot_log", "reward_changes", "retirement_reviews", "alembic_version"}
 
 
 @pytest.fixture(params=BACKENDS)
@@ -27,7 +27,7 @@ def empty_db_url(request, tmp_path):
 
 def test_empty_database_is_migrated_to_head_matching_the_models_and_reopen_is_idempotent(empty_db_url):
     s = ExperienceStore(empty_db_url)
-    assert s.revision == head_revision() == "0006"
+    assert s.revision == head_revision() == "0007"
     assert set(inspect(s.engine).get_table_names()) == TABLES
     with s.engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata) == []
@@ -37,7 +37,7 @@ def test_empty_database_is_migrated_to_head_matching_the_models_and_reopen_is_id
     assert again.upgrade() == head_revision()
     assert again.get_run(run)["step"] == -1  # data survived the re-open
     with again.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == ["0006"]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == ["0007"]
     again.close()
 
 
