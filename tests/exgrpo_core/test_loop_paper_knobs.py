@@ -1,0 +1,44 @@
+"""The loop hands selection.mu and loss.replay_old_logprobs to the rules (tiny session, real iterations)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exgrpo_core import loop
+from exgrpo_core.algorithm import selection
+from exgrpo_core.config.load import load_config
+from exgrpo_core.run.session import open_session
+
+
+def half_right(texts, answers):
+    return [(1.0, "correct") if i % 2 == 0 else (0.0, "wrong") for i in range(len(texts))]
+
+
+@pytest.mark.parametrize("knobs, mu, weight", [([], 0.5, None),
+                                               (["selection.mu=0.25", "loss.replay_old_logprobs=current"], 0.25,
+                                                1 / 1.1)])
+def test_the_iteration_uses_the_configured_centre_and_behaviour_logprobs(tmp_path, monkeypatch, knobs, mu, weight):
+    cfg = load_config("tiny", [f"run.output_dir={tmp_path}", f"run.db_url=sqlite:///{tmp_path / 'x.db'}",
+                               "rollout.max_response_tokens=3", "rollout.group_size=4", "train.batch_size=8",
+                               "train.mini_batch_size=4", "buffer.start_threshold=0", "run.resume=never", *knobs])
+    torch.manual_seed(0)
+    s = open_session(cfg, verify=half_right)
+    try:
+        terms, weights = [], []
+        optimise, sample = s.team.optimise, s.store.sample_replay_questions
+        monkeypatch.setattr(s.team, "optimise", lambda batch, **kw: (terms.append(kw["replay_term"]),
+                                                                     optimise(batch, **kw))[1])
+        monkeypatch.setattr(s.store, "sample_replay_questions",
+                            lambda run_id, K, n, w, rng, **kw: (weights.append(w), sample(run_id, K, n, w, rng, **kw))[1])
+        for _ in range(2):
+            loop.run_iteration(s)
+        assert weights == [selection.bucket_weights(4, "gaussian", 1.0, "count", mu=mu)]  # replay from step 1
+        logp = torch.log(torch.tensor([[0.3, 0.6]], dtype=torch.float64))
+        stored = torch.log(torch.tensor([[0.1, 0.9]], dtype=torch.float64))
+        applied = -terms[-1](logp, stored, torch.ones(1, dtype=torch.float64))
+        w = torch.exp(logp - stored)
+        expected = w / (w + 0.1) if weight is None else torch.full_like(w, weight)
+        torch.testing.assert_close(applied, expected)
+    finally:
+        s.close()
