@@ -381,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     da.set_defaults(fn=cmd_dashboard)
     cp = sub.add_parser("compare", help="on-policy GRPO vs ExGRPO and ablations as child runs (Prefect flow)")
     _config_args(cp, required=True, set_help="override for every arm")
-    cp.add_argument("--arms", default=None, help="comma-separated arms (default: all; see docs/comparison.md)")
+    cp.add_argument("--arms", default=None,
+                    help="comma-separated arms (default: the paper's ablation table; see docs/comparison.md)")
     cp.add_argument("--seeds", default="0", help="seeds, e.g. 0,1 or 0-3: one child run per arm and seed")
     cp.add_argument("--name", default=None, help="comparison name (default compare-<config>); rerun to resume")
     cp.add_argument("--no-eval", action="store_true", help="skip the final held-out evaluation of each arm")

@@ -34,6 +34,8 @@ ARMS: dict[str, tuple[tuple[str, ...], float | None]] = {
     "review_retired": (("buffer.review_retired_every=25", "buffer.review_fraction=0.1"), None),
 }
 
+DEFAULT_ARMS = [a for a in ARMS if a not in ("mu_0.25", "no_is_correction", "review_retired")]
+"""What `--arms` left out runs: the paper's ablation table (the other tables' arms are asked for by name)."""
 ArmName = Literal[tuple(ARMS)]  # the Prefect form offers these names
 
 
@@ -49,9 +51,9 @@ class ArmRun:
 
 
 def parse_arms(arms: list[str] | str | None) -> list[str]:
-    """`None` -> every arm; `"a,b"` or `["a", "b"]` -> those, checked against ARMS, order kept."""
+    """`None` -> DEFAULT_ARMS; `"a,b"` or `["a", "b"]` -> those, checked against ARMS, order kept."""
     if arms is None:
-        return list(ARMS)
+        return list(DEFAULT_ARMS)
     names = [a.strip() for a in (arms.split(",") if isinstance(arms, str) else arms) if a.strip()]
     unknown = [a for a in names if a not in ARMS]
     if unknown:

@@ -57,7 +57,8 @@ def compare(preset: str = "tiny", overrides: Texts = [], arms: list[ArmName] | S
             seeds: list[int] = [0], evaluate: bool = True, name: Text = "",  # noqa: B006
             parallel: bool = False, work_pool: Text = "", work_queue: str = par.QUEUE,
             slots: Count = 0, retry_failed: bool = False, deployment: str = par.DEPLOYMENT) -> dict:
-    """Train every arm x seed (all arms when `arms` is None), evaluate, and write the comparison table.
+    """Train every arm x seed (the paper's ablation arms, DEFAULT_ARMS, when `arms` is None), evaluate, and write the
+    comparison table.
 
     `overrides` apply to every arm; the arm's own overrides win. `name` (default `compare-<preset>`)
     names the parent MLflow run and prefixes the child runs, so rerunning resumes them. Empty `arms`,
