@@ -1,7 +1,7 @@
 """`exgrpo config --help-keys`: every config key with its type, default and one line of help.
 
-The help is each field's docstring in `exgrpo_core/config/schema.py` (pydantic keeps it as the field's
-description); `missing_help` lists the keys without one, and a test keeps that list empty.
+The help is each field's docstring in `exgrpo_core/config/` (schema.py and its parts; pydantic keeps it as the
+field's description); `missing_help` lists the keys without one, and a test keeps that list empty.
 """
 
 from __future__ import annotations
