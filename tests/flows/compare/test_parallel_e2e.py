@@ -1,9 +1,10 @@
 """End to end: `exgrpo compare --parallel` on a real Prefect server, a process work pool served by two
 workers, and a scratch PostgreSQL experience database.
 
-2 arms x 2 seeds of the tiny preset (2 steps) with a queue limit of 2 slots: the children are flow runs
-of the `exgrpo-train` deployment (deployed from prefect.yaml with `prefect deploy --pool`). The parent is
-killed once workers took children and started again: it finds its 4 children and submits none; a child
+2 arms x 2 seeds of the tiny preset (6 steps: with 2, children of ~7 s once ran one after the other on a
+loaded machine) with a queue limit of 2 slots: the children are flow runs of the `exgrpo-train` deployment
+(deployed from prefect.yaml with `prefect deploy --pool`). The parent is killed once workers took children
+and started again: it finds its 4 children and submits none; a child
 cancelled while it waits for a slot is reported as cancelled (exit 2, one line); `--retry-failed` then
 resubmits that child alone. The children's running times overlap, never more than 2 at once. Before
 that, a quick check of the deployment, pool and queue the parent is pointed at (no worker needed).
@@ -123,7 +124,7 @@ def test_parallel_children_overlap_survive_a_parent_restart_and_report_a_cancell
     with scratch_postgres_database(PG_URL, "exgrpo_par") as db_url:
         cmd = [sys.executable, "-m", "flows.cli", "compare", "--config", "tiny", "--arms", "on_policy,exgrpo",
                "--seeds", "0-1", "--name", name, "--parallel", "--pool", pool_name, "--slots", str(SLOTS),
-               *sum((["--set", s] for s in ("run.steps=2", f"run.output_dir={runs_dir}", f"run.db_url={db_url}",
+               *sum((["--set", s] for s in ("run.steps=6", f"run.output_dir={runs_dir}", f"run.db_url={db_url}",
                                            f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}")), [])]
         first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(tmp_path / "parent1.log", "w"),
                                  stderr=subprocess.STDOUT)
