@@ -39,7 +39,8 @@ EXGRPO_DB_MLFLOW="${EXGRPO_DB_PREFIX}_mlflow"
 EXGRPO_DB_PREFECT="${EXGRPO_DB_PREFIX}_prefect"
 _pg="${EXGRPO_PG_HOST}:${EXGRPO_PG_PORT}"
 EXGRPO_EXPERIENCE_URL="postgresql+psycopg://${EXGRPO_TRAIN_ROLE}@${_pg}/${EXGRPO_DB_EXPERIENCE}"
-EXGRPO_DASHBOARD_URL="postgresql+psycopg://${EXGRPO_DASHBOARD_ROLE}@${_pg}/${EXGRPO_DB_EXPERIENCE}"
+# the dashboard's read-only database URL (EXGRPO_DASHBOARD_URL is its web address, for links)
+EXGRPO_DASHBOARD_DB_URL="postgresql+psycopg://${EXGRPO_DASHBOARD_ROLE}@${_pg}/${EXGRPO_DB_EXPERIENCE}"
 # The two servers' own databases (the tests point them at SQLite files)
 _services_pg="${EXGRPO_SERVICES_ROLE}@${_pg}"
 EXGRPO_MLFLOW_DB_URL="${EXGRPO_MLFLOW_DB_URL:-postgresql+psycopg://${_services_pg}/${EXGRPO_DB_MLFLOW}}"
