@@ -17,10 +17,10 @@ from functools import partial
 import torch
 
 from exgrpo_core import metrics as M
-from exgrpo_core.algorithm import losses, selection
+from exgrpo_core.algorithm import losses, selection, spread
 from exgrpo_core.algorithm.advantages import compute_group_advantages
 from exgrpo_core.observe import monitors, staleness
-from exgrpo_core.reward import audit
+from exgrpo_core.reward import audit, source as sources
 from exgrpo_core.rollout.engine import TransformersEngine
 from exgrpo_core.run.session import Session
 from exgrpo_core.training.batch import collate
@@ -45,7 +45,8 @@ def plan_batch(s: Session) -> BatchPlan:
     replay: list[str] = []
     if s.replay_active and cfg.replay_questions > 0:
         weights = selection.bucket_weights(cfg.rollout.group_size, cfg.selection.question_weighting,
-                                           cfg.selection.sigma, cfg.selection.sigma_unit, cfg.selection.mu)
+                                           cfg.selection.sigma, cfg.selection.sigma_unit, cfg.selection.mu,
+                                           top=cfg.reward.continuous)
         # = selection.sample_questions(buffer_state.buckets, ...), reading only bucket sizes and chosen uids
         replay = s.store.sample_replay_questions(
             s.run_id, cfg.rollout.group_size, cfg.replay_questions, weights, s.rng,
@@ -140,10 +141,16 @@ def verify(s: Session, rollouts: list[Rollout]) -> dict:
     multiple-choice rows, as evaluation does), recording what it read; switch replay on when the
     batch is good enough."""
     t0 = time.perf_counter()
-    audit.grade_and_describe(s.verify, rollouts, [s.questions[r.question_uid] for r in rollouts],
-                                      require_think=s.cfg.reward.require_think)
+    questions = [s.questions[r.question_uid] for r in rollouts]
+    failed: dict = {}
+    if getattr(s, "reward", None) is not None:  # reward.fn / reward.url
+        failed = sources.grade(s.reward, rollouts, questions, *sources.describe(s.cfg.reward))
+        sources.warn_failures(s.cfg.reward, rollouts, failed)
+    else:
+        audit.grade_and_describe(s.verify, rollouts, questions, require_think=s.cfg.reward.require_think)
     truncated_rewarded = audit.apply_truncation_rule(rollouts, s.cfg.reward.truncated)
-    frac = selection.batch_correct_fraction([r.reward for r in rollouts])
+    frac = (selection.batch_mean_reward if s.cfg.reward.continuous else selection.batch_correct_fraction)(
+        [r.reward for r in rollouts])
     if (not s.replay_active and s.cfg.replay_questions > 0
             and selection.replay_should_start(frac, s.cfg.buffer.start_threshold)):
         s.replay_active = True
@@ -151,6 +158,7 @@ def verify(s: Session, rollouts: list[Rollout]) -> dict:
         s.store.update_run(s.run_id, replay_active=True, replay_started_step=s.step)
     return {M.REWARD_MEAN: frac, M.VERIFY_TIMEOUTS: float(sum(r.reason == "timeout" for r in rollouts)),
             M.VERIFY_NO_ANSWER: float(sum(r.reason == "no_answer" for r in rollouts)),
+            M.VERIFY_ERRORS: float(failed.get("error", 0) + failed.get("invalid", 0)),
             M.VERIFY_TRUNCATED_REWARDED: float(truncated_rewarded),
             M.REPLAY_ACTIVE: float(s.replay_active), M.TIME_VERIFY: time.perf_counter() - t0}
 
@@ -165,6 +173,8 @@ def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple
     groups = [GroupResult(u, by_uid[u]) for u in plan.fresh]
     groups += [GroupResult(u, by_uid[u], is_replay=True, replayed=1) for u in plan.replay]
     b = s.cfg.buffer
+    if s.cfg.reward.continuous:  # buckets by reward spread (paper v2 §5.3); 0/1 rewards keep k
+        spread.assign(groups, s.cfg.rollout.group_size, b.spread_eps)
     stats = s.store.apply_buffer_update(
         s.run_id, plan.step, groups, group_size=s.cfg.rollout.group_size,
         collect=s.replay_active or b.collect_before_replay, collect_min_k=b.collect_min_k,
@@ -199,6 +209,7 @@ def select_trajectories(s: Session, plan: BatchPlan) -> tuple[dict[str, Rollout]
     for e in s.store.with_payloads(s.run_id, [exp[r.replayed_from] for r in chosen.values()]):
         r = chosen[e.question_uid]
         r.behaviour_logprobs, r.text = e.behaviour_logprobs, e.text  # (code) the trainer's log-probs at collection
+        r.reward = e.reward  # 1 with 0/1 rewards; its stored value when continuous
     s.store.record_replays(s.run_id, plan.step, [(r.replayed_from, r.entropy) for r in chosen.values()])
     shaping = s.cfg.loss.shaping_beta if s.cfg.loss.policy_shaping else None
     stale = staleness.replay_stats(plan.step, [r.step for r in chosen.values()], [current[u] for u in chosen],

@@ -20,6 +20,7 @@ SAMPLER_TRAINER_GAP = "rollout/logprob_gap"
 RESPONSES = "rollout/responses"
 VERIFY_TIMEOUTS = "verify/timeouts"
 VERIFY_NO_ANSWER = "verify/no_answer"
+VERIFY_ERRORS = "verify/errors"  # items a reward function / server could not score: an exception, or an unusable value
 VERIFY_TRUNCATED_REWARDED = "verify/truncated_rewarded"  # responses cut at the length limit the grader rewarded
 # buffer
 BUFFER_QUESTIONS = "buffer/questions"

@@ -32,6 +32,8 @@ class Question:
     """The raw prompt text (data.prompt_template other than `chat`): tokenised as it is, with the
     tokenizer's own special tokens (BOS where it defines one), no chat template; None: `messages`
     go through the chat template."""
+    info: str = ""
+    """The dataset row's other fields as JSON (what a reward function of the user's reads, `plugins.row_of`)."""
 
     @property
     def text(self) -> str:
@@ -63,7 +65,8 @@ class Rollout:
     prompt_ids: [P] prompt token ids; response_ids: [T].
     behaviour_logprobs: [T] log pi(o_t) under the trainer at temperature 1 when generated (docs/implementation_details.md).
     entropy: H(o), mean full-distribution entropy over the T response tokens (docs/implementation_details.md).
-    reward: 1.0 correct / 0.0 otherwise; reason: why (e.g. "correct", "wrong", "timeout", "no_answer").
+    reward: 1.0 correct / 0.0 otherwise (continuous rewards: any value in [0, 1]); reason: why (e.g.
+        "correct", "wrong", "timeout", "no_answer", a reward function's own).
     replayed_from: id of the stored trajectory when this is a replayed experience, else None.
     """
 
@@ -106,6 +109,8 @@ class Experience:
     times_replayed: int = 0
     behaviour_logprobs: list[float] | None = None
     text: str | None = None
+    reward: float = 1.0
+    """Its stored reward (read with the payload; 1 for 0/1 rewards, any value in (0, 1] when continuous)."""
 
 
 @dataclass
@@ -121,11 +126,37 @@ class GroupResult:
     rollouts: list[Rollout]
     is_replay: bool = False
     replayed: int = 0
+    bucket: int | None = None
+    """Continuous rewards: the reward-spread bucket (`algorithm.spread.assign`), which is then k; None: 0/1
+    rewards, k counts the correct responses."""
+
+    @property
+    def continuous(self) -> bool:
+        return self.bucket is not None
 
     @property
     def k(self) -> int:
-        """Number of correct responses in the (mixed) group."""
-        return sum(1 for r in self.rollouts if r.reward > 0) + self.replayed
+        """The group's bucket: number of correct responses (0/1 rewards), else its reward-spread bucket."""
+        return self.bucket if self.bucket is not None else self.successes
+
+    @property
+    def successes(self) -> int:
+        """Responses that count as a success (`succeeded`), the replayed one included (0/1 rewards)."""
+        return sum(1 for r in self.rollouts if self.succeeded(r)) + (0 if self.continuous else self.replayed)
+
+    def succeeded(self, r: Rollout) -> bool:
+        """Collectable as experience: correct (reward > 0) for 0/1 rewards; above the mean of the group's
+        fresh rewards when continuous (paper v2 §5.3 as docs/rewards.md reads it)."""
+        if not self.continuous:
+            return r.reward > 0
+        return r.reward > sum(x.reward for x in self.rollouts) / len(self.rollouts)
+
+    @property
+    def solved(self) -> bool:
+        """Retired when solved: every response correct (k == size); continuous: every fresh reward is 1."""
+        if not self.continuous:
+            return self.k == self.size
+        return all(r.reward >= 1.0 for r in self.rollouts)
 
     @property
     def size(self) -> int:

@@ -34,7 +34,7 @@ from flows.run_report import FlowRunReport, cli_equivalent, link_tags, stage_nam
 from flows.task_args import whole
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 from flows.train_params import (AlreadyFinishedError, Overrides, Preset, ReplayRatio, RunName, Seed, Steps,
-                                finished_run, run_config)
+                                asks_for_steps, finished_run, run_config)
 
 # Set by the CLI to draw a progress display; called as progress(step, total, metrics).
 PROGRESS: list[Callable[[int, int, dict], None]] = []
@@ -164,7 +164,7 @@ def train(preset: Preset = "tiny", run_name: RunName = "", steps: Steps = 0, rep
                            retry=current_flow_run.get_run_count() > 1)
     check_server(resolve_tracking_uri(cfg))  # a dead MLflow server fails before any work is done
     report = FlowRunReport(cfg.run.name, cfg.run.steps)
-    done = finished_run(cfg)
+    done = finished_run(cfg, extend=sets is None or asks_for_steps(sets))  # config given: the caller decided
     if done:  # never resume a finished run into a no-op that looks like success
         print(done["message"])
         report.nothing_trained(done["message"], done["mlflow_run_id"], done["id"])
@@ -244,7 +244,8 @@ def log_pictures(s: Session, tracker: MlflowRun, step: int, stats: dict, ent: _E
         correct=ent.correct, incorrect=ent.incorrect,
         buckets={k: int(stats.get(M.bucket_key(k), 0)) for k in range(K + 1)},
         replays=s.store.replay_buckets(s.run_id),
-        weights=selection.bucket_weights(K, sel.question_weighting, sel.sigma, sel.sigma_unit, sel.mu))
+        weights=selection.bucket_weights(K, sel.question_weighting, sel.sigma, sel.sigma_unit, sel.mu,
+                                         top=s.cfg.reward.continuous))
     tracker.log_artifacts(folder, name)
     return name
 

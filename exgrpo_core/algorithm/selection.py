@@ -49,8 +49,9 @@ _SIGMA_SCALE: dict[str, Callable[[float, int], float]] = {
 
 
 def bucket_weights(group_size: int, weighting: str, sigma: float, sigma_unit: str,
-                   mu: float = 0.5) -> dict[int, float]:
-    """ExGRPO question weighting w(Acc(q)), Acc = k/K, for buckets k = 1..K-1 (unnormalised).
+                   mu: float = 0.5, top: bool = False) -> dict[int, float]:
+    """ExGRPO question weighting w(Acc(q)), Acc = k/K, for buckets k = 1..K-1 (unnormalised); also k = K
+    with `top` (continuous rewards: bucket K holds the most spread groups, not the solved ones).
 
     gaussian: exp(-(Acc - mu)^2 / (2 s^2)), mu the centre in accuracy units (0.5: paper/code; Table 3
     also runs 0.25; in count units the centre is mu*K successes), s = sigma/K (unit "count", code) or
@@ -72,7 +73,7 @@ def bucket_weights(group_size: int, weighting: str, sigma: float, sigma_unit: st
         raise SelectionError(f"mu must be an accuracy in [0, 1], got {mu!r}")
     s = _SIGMA_SCALE[sigma_unit](sigma, group_size)
     w = BUCKET_WEIGHTINGS[weighting]
-    return {k: w(k / group_size, s, float(mu)) for k in range(1, group_size)}
+    return {k: w(k / group_size, s, float(mu)) for k in range(1, group_size + bool(top))}
 
 
 def _check_weights(weights: dict[int, float]) -> None:
@@ -219,6 +220,15 @@ def batch_correct_fraction(rewards: torch.Tensor | Sequence[float]) -> float:
     if r.numel() == 0:
         raise SelectionError("batch_correct_fraction needs at least one reward")
     return float((r > 0).double().mean())
+
+
+def batch_mean_reward(rewards: torch.Tensor | Sequence[float]) -> float:
+    """Mean reward of the batch's rollouts: the delayed start's measure with continuous rewards (for 0/1
+    rewards it equals `batch_correct_fraction`)."""
+    r = torch.as_tensor(rewards, dtype=torch.float64).flatten()
+    if r.numel() == 0:
+        raise SelectionError("batch_mean_reward needs at least one reward")
+    return float(r.mean())
 
 
 def replay_should_start(frac: float, threshold: float) -> bool:

@@ -18,13 +18,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 MASK = "***"
-SECRET_FIELDS = ("server_api_key",)
+SECRET_FIELDS = ("server_api_key", "url_api_key")
 _USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@]*:)(?P<secret>[^\s/]+)@")
 _FIELD = re.compile(r"(?P<head>\b(?:" + "|".join(SECRET_FIELDS) + r")=)(?P<secret>[^\s&]+)")  # key=value overrides
 FIELD_MASK = "'***'"  # an override value that still parses (YAML) to the mask
 _QUERY = re.compile(r"(?i)(?P<head>[?&;](?:password|passwd|pwd|token|api_key|apikey|secret)=)(?P<secret>[^&\s]+)")
 ENV_FALLBACK = {("run", "db_url"): "EXGRPO_DB_URL", ("run", "mlflow_tracking_uri"): "MLFLOW_TRACKING_URI",
-                ("rollout", "server_api_key"): "EXGRPO_ROLLOUT_API_KEY"}
+                ("rollout", "server_api_key"): "EXGRPO_ROLLOUT_API_KEY", ("reward", "url"): "EXGRPO_REWARD_URL",
+                ("reward", "url_api_key"): "EXGRPO_REWARD_API_KEY"}
+KEEP_MASKED = frozenset({("reward", "url")})
+"""Fields whose None does not fall back to the environment: `hide` leaves them masked (user:***@host), not empty."""
 
 
 def mask_text(text: str) -> str:
@@ -55,13 +58,14 @@ def masked_config(cfg) -> dict:
 def hide(cfg):
     """A copy of `cfg` to pass as Prefect flow-run parameters: each field holding a credential is emptied
     and its value moved to the environment variable the run falls back to (EXGRPO_DB_URL,
-    MLFLOW_TRACKING_URI, EXGRPO_ROLLOUT_API_KEY), which this process and the ones it starts read."""
+    MLFLOW_TRACKING_URI, EXGRPO_ROLLOUT_API_KEY, EXGRPO_REWARD_URL, EXGRPO_REWARD_API_KEY), which this process
+    and the ones it starts read; reward.url stays masked there (its None means no reward server)."""
     updates: dict[str, dict] = {}
     for (section, key), env in ENV_FALLBACK.items():
         value = getattr(getattr(cfg, section), key)
         if value and (key in SECRET_FIELDS or mask_text(value) != value):
             os.environ[env] = value
-            updates.setdefault(section, {})[key] = None
+            updates.setdefault(section, {})[key] = mask_text(value) if (section, key) in KEEP_MASKED else None
     if not updates:
         return cfg
     return cfg.model_copy(update={s: getattr(cfg, s).model_copy(update=u) for s, u in updates.items()})

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from exgrpo_core.config.base import ConfigError, _Section  # noqa: F401 (ConfigError: the package's error)
 from exgrpo_core.config.monitors import Bounds, MonitorsConfig  # noqa: F401 (part of the tree)
+from exgrpo_core.config.reward import RewardConfig  # noqa: F401 (part of the tree)
 from exgrpo_core.config.rollout import RolloutConfig  # noqa: F401 (part of the tree)
 
 
@@ -154,19 +155,6 @@ class DataConfig(_Section):
         return self
 
 
-class RewardConfig(_Section):
-    timeout_s: float = Field(default=5.0, gt=0)
-    """Per-item verification timeout; a timeout scores 0 and is counted (docs/implementation_details.md)."""
-    require_think: bool = False
-    """(code) Require a `<think>...</think>` block and grade only the text after it."""
-    workers: int = Field(default=1, ge=1)
-    """Verifier processes (math-verify runs in separate processes so a hang can be killed)."""
-    truncated: Literal["grade", "zero"] = "grade"
-    """Responses cut at rollout.max_response_tokens: grade them like any other (code), or score them 0
-    (the last-number fallback can reward a cut-off response, which would then be stored and replayed
-    without EOS). Counted either way in `verify/truncated_rewarded`."""
-
-
 class BufferConfig(_Section):
     replay_ratio: float = Field(default=0.5, ge=0, lt=1)
     """rho: fraction of the batch's questions drawn from experience (paper: 0.5; 0 = on-policy GRPO)."""
@@ -176,7 +164,11 @@ class BufferConfig(_Section):
     collect_min_k: int = Field(default=1, ge=0)
     """Collect correct responses of questions with collect_min_k <= k (code: 1)."""
     collect_max_k: int | None = None
-    """Collect correct responses of questions with k <= collect_max_k (None: K-1, the code's default)."""
+    """Collect correct responses of questions with k <= collect_max_k (None: K-1, the code's default;
+    K with continuous rewards, whose bucket K is the most spread group, docs/rewards.md)."""
+    spread_eps: float = Field(default=0.01, gt=0, le=1)
+    """(continuous rewards) eps of the normalised reward spread max((sigma_q - sigma_min) / (sigma_max -
+    sigma_min), eps) (paper v2 §5.3)."""
     collect_before_replay: bool = False
     """(code: False) Whether to collect experience before replay is active."""
     retire_solved: bool = True
@@ -436,9 +428,9 @@ class ExGRPOConfig(_Section):
 
     @property
     def collect_max_k(self) -> int:
-        """Upper collection bound with its default (K - 1) filled in."""
+        """Upper collection bound with its default (K - 1; K with continuous rewards) filled in."""
         b = self.buffer.collect_max_k
-        return self.rollout.group_size - 1 if b is None else b
+        return self.rollout.group_size - (0 if self.reward.continuous else 1) if b is None else b
 
     @property
     def replay_questions(self) -> int:

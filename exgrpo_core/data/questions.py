@@ -84,7 +84,8 @@ def with_template(q: Question, template: str, question: str, instruction: str) -
     "User: 1+2 Answer: Let's think step by step." (the paper's Llama-3.1-8B base prompt).
     """
     prompt = template.format(question=question, instruction=instruction)
-    return Question(q.uid, ({"role": "user", "content": prompt},), q.answer, q.source, q.reward_style, prompt)
+    return Question(q.uid, ({"role": "user", "content": prompt},), q.answer, q.source, q.reward_style, prompt,
+                    q.info)
 
 
 def prompt_token_ids(tokenizer, question: Question, max_prompt_tokens: int) -> list[int]:
@@ -158,6 +159,8 @@ def _jsonl_rows(file: Path) -> Iterator[tuple[str, dict]]:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise DataError(f"{file} line {number}: unreadable JSON ({err.msg})") from None
+            except RecursionError:
+                raise DataError(f"{file} line {number}: JSON nested too deeply to read") from None
             if not isinstance(row, dict):
                 raise DataError(f"{file} line {number}: expected a JSON object, got {type(row).__name__}")
             yield f"line {number}", row
@@ -222,7 +225,7 @@ def _to_question(row: dict, where: str, default_uid: str, name: str, question_ke
         messages = _verl_messages(row["prompt"], where)
         answer = _answer_text(row["reward_model"].get("ground_truth"), where, "reward_model.ground_truth")
         return Question(uid, messages, answer, str(row.get("data_source") or name),
-                        str(row["reward_model"].get("style") or ""))
+                        str(row["reward_model"].get("style") or ""), info=_info(row, ("prompt",)))
     question = row.get(question_key)
     if not isinstance(question, str) or not question.strip():
         raise DataError(f"{where}: missing or empty question field {question_key!r}")
@@ -231,7 +234,16 @@ def _to_question(row: dict, where: str, default_uid: str, name: str, question_ke
     messages = ({"role": "system", "content": system_prompt},) if system_prompt else ()
     source = row.get("data_source", row.get("source"))
     return Question(uid, messages + ({"role": "user", "content": user},), answer,
-                    source if isinstance(source, str) and source else name, str(row.get("reward_style") or ""))
+                    source if isinstance(source, str) and source else name, str(row.get("reward_style") or ""),
+                    info=_info(row, (question_key,)))
+
+
+def _info(row: dict, used: tuple[str, ...]) -> str:
+    """The row's other fields as JSON for reward functions ("" when they do not serialise)."""
+    try:
+        return json.dumps({k: v for k, v in row.items() if k not in used}, sort_keys=True, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return ""
 
 
 def _verl_messages(prompt: list, where: str) -> tuple[dict, ...]:

@@ -161,12 +161,16 @@ def _context():
     return mp.get_context("spawn")
 
 
-class _Worker:
-    """One verification process and its end of the pipe."""
+class WorkerStartError(RuntimeError):
+    """A verifier process could not start its grader (a reward function that fails to import): one line."""
 
-    def __init__(self, ctx, require_think: bool, test_hooks: bool):
+
+class _Worker:
+    """One verification process and its end of the pipe; `target(conn, *args)` is its loop (default: math-verify's)."""
+
+    def __init__(self, ctx, *args, target=None):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, require_think, test_hooks), daemon=True)
+        self.proc = ctx.Process(target=target or _worker_main, args=(child, *args), daemon=True)
         self.proc.start()
         child.close()
         self.ready = False
@@ -178,7 +182,13 @@ class _Worker:
             if not self.conn.poll(_STARTUP_TIMEOUT_S):
                 self.kill()
                 raise RuntimeError(f"math-verify worker did not start within {_STARTUP_TIMEOUT_S:.0f} s")
-            self.conn.recv()
+            try:
+                hello = self.conn.recv()
+            except EOFError:
+                hello = ("error", "the verifier process exited while starting")
+            if hello != "ready":  # ("error", one line)
+                self.kill()
+                raise WorkerStartError(hello[1])
             self.ready = True
 
     def kill(self) -> None:

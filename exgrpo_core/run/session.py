@@ -26,6 +26,7 @@ from exgrpo_core.config.redact import masked_config
 from exgrpo_core.config.schema import ExGRPOConfig
 from exgrpo_core.data import questions as data
 from exgrpo_core.models import load as models
+from exgrpo_core.reward import source as sources
 from exgrpo_core.reward.grading import MathVerifier
 from exgrpo_core.rollout.engine import TransformersEngine
 from exgrpo_core.run import allocator, checkpoint, layout_choice, locks, reuse, sharded_start
@@ -64,6 +65,7 @@ class Session:
     resumed_from: int | None = None
     mlflow_run_id: str | None = None
     team: Team | None = None
+    reward: object | None = None  # the reward.fn pool or reward.url client; None: math-verify grades
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
@@ -129,10 +131,10 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
         cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
         system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction,
         max_questions=cfg.data.max_questions, locations=where, prompt_template=cfg.data.prompt_template)
-    verifier = None
+    verifier, reward = None, sources.open_source(cfg.reward)  # a reward of the user's: its golds are its own
     if verify is None:
         verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
-        questions = _usable(questions, verifier, where)
+        questions = questions if reward else _usable(questions, verifier, where)
     # sources checked and read before the model loads; a resumed run was seeded when it started
     warm = reuse.plan_warm_start(cfg, questions, db_url) if ckpt is None else None
     worker, tokenizer = open_worker(cfg, accelerator, ckpt, run_dir)
@@ -148,7 +150,9 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
         optimizer=worker.optimizer, accelerator=accelerator, engine=worker.engine,
         verify=verify, store=store, questions={q.uid: q for q in questions},
         sampler=FreshSampler([q.uid for q in questions], cfg.run.seed), rng=random.Random(cfg.run.seed),
-        ref_model=worker.ref_model, team=Team(worker))
+        ref_model=worker.ref_model, team=Team(worker), reward=reward)
+    if hasattr(reward, "close"):
+        session._closers.append(reward.close)
     if verifier is not None:
         session.verify = verifier.verify
         session._closers.append(verifier.close)
@@ -195,8 +199,7 @@ def check_database(ckpt: Path | None, db_url: str) -> None:
         f"{ckpt.parent} aside to start the run again")
 
 
-_GOLD_VERDICTS: dict[str, str | None] = {}
-"""Gold answer -> why it cannot be parsed (None: it can); graded once per process (CLI checks, then session)."""
+_GOLD_VERDICTS: dict[str, str | None] = {}  # gold -> why it cannot be parsed (None: it can); once per process
 
 
 def _gold_problems(verifier: MathVerifier, answers: list[str]) -> dict[str, str]:
@@ -213,7 +216,10 @@ def _gold_problems(verifier: MathVerifier, answers: list[str]) -> dict[str, str]
 
 def check_golds(cfg: ExGRPOConfig, questions: list[Question]) -> None:
     """Before anything slow (the CLI: before Prefect starts), one DataError line when no question has a
-    usable gold answer; dropping some is warned once, when the session opens."""
+    usable gold answer; dropping some is warned once, when the session opens. A reward.fn / url is checked
+    instead (it imports, or answers): its golds are its own."""
+    if sources.check(cfg.reward):
+        return
     verifier = MathVerifier(cfg.reward.timeout_s, cfg.reward.require_think, cfg.reward.workers)
     try:
         bad = _gold_problems(verifier, [q.answer for q in questions])

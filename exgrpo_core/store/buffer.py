@@ -40,8 +40,8 @@ class CollectRule:
     def collects(self, k: int) -> bool:
         return self.collect and self.collect_min_k <= k <= self.collect_max_k
 
-    def retires(self, k: int) -> bool:
-        return self.retire and k == self.group_size
+    def retires(self, g: GroupResult) -> bool:
+        return self.retire and g.solved
 
 
 def chunks(items: list, size: int = CHUNK):
@@ -121,7 +121,7 @@ def apply_groups(conn: Connection, run_id: str, step: int, groups: list[GroupRes
     states = states_by_uid(conn, run_id, {g.question_uid for g in groups})
     k_after, zero_pooled = bucket_after(groups, states, rule.keep_bucket_on_zero)
     newly_retired = {states[g.question_uid][0] for g in groups
-                     if rule.retires(g.k) and not states[g.question_uid][1]}
+                     if rule.retires(g) and not states[g.question_uid][1]}
     retired_after = {st[0] for st in states.values() if st[1]} | newly_retired
     rows, collected, duplicates = _trajectory_rows(conn, run_id, step, groups, states, retired_after, rule)
     bulk_insert(conn, insert(GroupResultRow), [
@@ -150,9 +150,9 @@ def bucket_after(groups: list[GroupResult], states: dict[str, tuple],
     for g in groups:
         _, retired, k, pool, _ = states[g.question_uid]
         pooled = not retired and pool > 0
-        if g.k == 0 and pooled:
+        if g.successes == 0 and pooled:
             zero.add(g.question_uid)
-        keep = keep_bucket_on_zero and g.k == 0 and pooled
+        keep = keep_bucket_on_zero and g.successes == 0 and pooled
         k_after[g.question_uid] = k_after.get(g.question_uid, k) if keep else g.k
     return k_after, zero
 
@@ -269,12 +269,13 @@ def _trajectory_rows(conn: Connection, run_id: str, step: int, groups: list[Grou
                      states: dict[str, tuple[int, bool]], retired_after: set[int],
                      rule: CollectRule) -> tuple[list[dict], int, int]:
     """Rows to insert: de-duplicated correct responses of eligible groups, plus (store_all) the rest."""
-    fresh = [(states[g.question_uid][0], g.k, r) for g in groups for r in g.rollouts if r.replayed_from is None]
-    cands = [(qid, r) for qid, k, r in fresh if rule.collects(k) and r.reward > 0]
+    fresh = [(states[g.question_uid][0], rule.collects(g.k) and g.succeeded(r), r)
+             for g in groups for r in g.rollouts if r.replayed_from is None]
+    cands = [(qid, r) for qid, ok, r in fresh if ok]
     seen = _existing_texts(conn, run_id, cands)
     rows, collected, duplicates = [], 0, 0
-    for qid, k, r in fresh:
-        experience = rule.collects(k) and r.reward > 0
+    for qid, ok, r in fresh:
+        experience = ok
         if experience and (qid, r.text) in seen:
             duplicates, experience = duplicates + 1, False
         if not (experience or rule.store_all):

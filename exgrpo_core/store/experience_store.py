@@ -288,12 +288,12 @@ class ExperienceStore(WarmStartStore, AuditStore):
         found: dict[int, tuple] = {}
         with read_connection(self.engine, f"reading replayed trajectories of run {run_id}") as conn:
             for part in chunks(ids):
-                found.update({tid: (lps, text) for tid, lps, text in payload_rows(conn, run_id, part)})
+                found.update({tid: (lps, text, r) for tid, lps, text, r in payload_rows(conn, run_id, part)})
         missing = sorted(set(ids) - found.keys())
         if missing:
             raise StoreError(f"trajectory ids not in run {run_id}: {missing[:5]}")
-        return [dataclasses.replace(e, behaviour_logprobs=decode_logprobs(found[e.id][0]), text=found[e.id][1])
-                for e in experiences]
+        return [dataclasses.replace(e, behaviour_logprobs=decode_logprobs(found[e.id][0]), text=found[e.id][1],
+                                    reward=float(found[e.id][2])) for e in experiences]
 
     def record_replays(self, run_id: str, step: int, replays: list[tuple[int, float]]) -> None:
         """Log replays (trajectory id, entropy under the current policy) and bump the replay counters."""

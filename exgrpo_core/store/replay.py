@@ -75,18 +75,18 @@ def candidate_rows(conn: Connection, run_id: str, uids: list[str], before_step: 
 def _payload_statement(id_match):
     """By primary key only: given run_id too, SQLite's planner scanned the run's (run, step) index."""
     T = Trajectory
-    return select(T.id, T.run_id, T.behaviour_logprobs, T.text).where(id_match)
+    return select(T.id, T.run_id, T.behaviour_logprobs, T.text, T.reward).where(id_match)
 
 
 def payload_rows(conn: Connection, run_id: str, ids: list[int]) -> list[tuple]:
-    """(id, behaviour_logprobs, text) of these trajectories of the run (absent ids give no row)."""
+    """(id, behaviour_logprobs, text, reward) of these trajectories of the run (absent ids give no row)."""
     params = {"ids": ids}
     if conn.dialect.name != "postgresql":
         rows = conn.execute(_payload_statement(Trajectory.id.in_(bindparam("ids", expanding=True))), params)
     else:
         rows = _pg_fetch(conn, ("payloads",), lambda: _payload_statement(Trajectory.id == func.any(bindparam("ids"))),
                          params, "reading replayed trajectories")
-    return [(tid, lps, text) for tid, run, lps, text in rows if run == run_id]
+    return [(tid, lps, text, reward) for tid, run, lps, text, reward in rows if run == run_id]
 
 
 # ---- sampling on slots -------------------------------------------------------------------------
