@@ -1,4 +1,5 @@
-"""The answer span of a response, as the verifier sees it, highlighted in escaped HTML.
+"""Stored text as inert, escaped HTML: a response with its answer span (as the verifier sees it)
+highlighted, and a question or answer shown as plain text.
 
 The span is the one `exgrpo_core.reward.grading.extract_final_answer` grades: the last non-empty
 `\\boxed{...}`, else the last number. It is located again in the text (last occurrence), so a
@@ -41,3 +42,11 @@ def highlight_answer(text: str, correct: bool) -> str:
         body = (html.escape(text[:a]) + f'<mark style="background:{colour}" title="graded answer">'
                 + html.escape(text[a:b]) + "</mark>" + html.escape(text[b:]))
     return f'<div style="white-space:pre-wrap;font-family:monospace">{body}</div>'
+
+
+def plain_html(label: str, text: str, monospace: bool = False) -> str:
+    """HTML showing stored `text` as the characters it is, after a bold `label`: escaped, so Markdown or
+    HTML in a question or answer (an image, a link) is shown, never rendered or fetched."""
+    font = "font-family:monospace;" if monospace else ""
+    return (f'<div style="white-space:pre-wrap"><b>{html.escape(label)}</b> '
+            f'<span style="{font}">{html.escape(text)}</span></div>')

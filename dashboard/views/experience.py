@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, db, ui
-from dashboard.highlight import highlight_answer
+from dashboard.highlight import highlight_answer, plain_html
 
 QUESTIONS_PER_PAGE = 25
 TRAJECTORIES_PER_PAGE = 20
@@ -99,7 +99,7 @@ def _trajectories(url: str, run_id: str, qid: int, groups: pd.DataFrame, K: int)
 
 def _question(url: str, run_id: str, q: pd.Series, K: int) -> None:
     st.subheader(f"Question {q.uid}")
-    st.markdown(f"**Prompt:** {q.text}  \n**Ground truth:** `{q.answer}`")
+    st.html(plain_html("Prompt:", q.text) + plain_html("Ground truth:", q.answer, monospace=True))  # never Markdown
     c = st.columns(5)
     c[0].metric("latest k", "—" if pd.isna(q.latest_k) else f"{int(q.latest_k)} / {K}")
     c[1].metric("groups", int(q.n_groups))
