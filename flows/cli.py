@@ -47,7 +47,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
     try:
-        _preflight(cfg, run_dir)  # user errors (data, database, MLflow, a second process) before Prefect starts
+        _preflight(cfg, run_dir, args.set, args.config)  # user errors before Prefect starts
         console.print("[bold]ExGRPO[/bold] " + escape(f"preset={cfg.preset} model={cfg.model.name_or_path} "
                       f"steps={cfg.run.steps} run_dir={os.path.join(cfg.run.output_dir, cfg.run.name)}"))
         if not os.environ.get("PREFECT_API_URL"):
@@ -74,7 +74,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _preflight(cfg, run_dir: Path) -> None:
+def _preflight(cfg, run_dir: Path, sets: list[str] | None = None, config: str | None = None) -> None:
     """Find user errors in seconds, before Prefect's server and the flow start: the dataset, the database
     (a server must answer), the MLflow server, another process on the run, a damaged checkpoint."""
     from exgrpo_core.data import questions as data
@@ -85,6 +85,9 @@ def _preflight(cfg, run_dir: Path) -> None:
 
     from exgrpo_core.run.session import check_context, check_database, check_golds
 
+    from flows import input_checks
+
+    input_checks.check_before_run_dir(cfg)  # the model folder, run.output_dir, the engine, the MLflow store
     check_context(cfg)  # prompt + response must fit the model's positions (read from its config)
     questions = data.load_questions(
         cfg.data.train_path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
@@ -96,6 +99,7 @@ def _preflight(cfg, run_dir: Path) -> None:
     url = parse_url(db_url)
     if url.get_backend_name() != "sqlite":
         create_store_engine(url).dispose()  # connects once: an unreachable server is one line
+    input_checks.check_schema(db_url)  # another application's database or a schema revision we do not know
     if cfg.buffer.warm_start and cfg.run.resume != "must" and checkpoint.latest_checkpoint(run_dir) is None:
         from exgrpo_core.run.reuse import plan_warm_start
 
@@ -108,11 +112,13 @@ def _preflight(cfg, run_dir: Path) -> None:
         check_server(uri)  # a server must answer; the default local store is created by the flow
     lock_run(run_dir, cfg.run.name, db_url)  # a second process on this run is refused here
     if cfg.run.resume != "never":  # a damaged checkpoint: set aside with a warning, or one line; a lost
-        check_database(checkpoint.resume_point(run_dir), db_url)  # database (the run missing or behind it): one line
-    from flows.train_params import AlreadyFinishedError, finished_run
+        ckpt = checkpoint.resume_point(run_dir)  # database (the run missing or behind it): one line
+        check_database(ckpt, db_url)
+        input_checks.check_resume(cfg, ckpt, questions, db_url)  # the same dataset and group size
+    from flows.train_params import AlreadyFinishedError, asks_for_steps, finished_run
 
-    if done := finished_run(cfg):  # rerunning a finished run would train nothing: say so, exit 2
-        raise AlreadyFinishedError(done["message"])
+    if done := finished_run(cfg, extend=asks_for_steps(sets, config)):  # a finished run trains only when
+        raise AlreadyFinishedError(done["message"])  # more steps are asked for: else one line, exit 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -465,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[red]stopped[/red]: {e}", soft_wrap=True)
             return 3
         if type(e).__name__ in _USER_ERRORS:
-            getattr(e, "console", console).print(f"[red]error[/red]: {escape(str(e))}")
+            label = getattr(e, "label", "[red]error[/red]")
+            getattr(e, "console", console).print(f"{label}: {escape(str(e))}")
             return getattr(e, "exit_code", 2)  # DependencyError: 4, on stderr (flows/dependency_errors.py)
         raise
 
@@ -473,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
 _USER_ERRORS = {"ConfigError", "DataError", "StoreError", "TrackingError", "ModelLoadError", "ResumeError",
                 "VLLMUnavailable", "BudgetError", "RemoteEngineError", "RunLockedError",
                 "CheckpointError", "PrefectStartError", "AlreadyFinishedError", "CancelledRun", "ParallelError",
-                "ChildrenFailedError", "DependencyError"}
+                "ChildrenFailedError", "DependencyError", "RewardPluginError", "RewardServerError"}
 
 if __name__ == "__main__":
     sys.exit(main())
