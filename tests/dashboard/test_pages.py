@@ -129,7 +129,8 @@ def test_experience_browser_filters_and_shows_a_question(dashboard_env):
     assert shown["times replayed"] == str(replayed)
     stored = t.one("select count(*) from trajectories where run_id=:r and question_id=:q", r=rid, q=qid)
     assert f"**{stored} stored trajectories**" in shown_text(at)
-    html = [h.proto.body for h in at.get("html")]
+    prompt, *html = [h.proto.body for h in at.get("html")]  # the question's prompt and answer, then trajectories
+    assert "<b>Prompt:</b>" in prompt and "<b>Ground truth:</b>" in prompt
     shown_rows = t.sql("select reward, text from trajectories where run_id=:r and question_id=:q "
                        "order by collected_step desc, id desc limit :n", r=rid, q=qid, n=len(html))
     assert html and len(shown_rows) == len(html)
