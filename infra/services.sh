@@ -31,6 +31,7 @@ check_settings() {
 
 service_env() {  # `env` arguments of every service process and Prefect CLI call
   ENV=(env -u PREFECT_PROFILE -u PGPASSWORD -u EXGRPO_MLFLOW_ADMIN_PASSWORD -u EXGRPO_PREFECT_AUTH_STRING
+       -u EXGRPO_TRAIN_PASSWORD -u EXGRPO_DASHBOARD_PASSWORD -u EXGRPO_SERVICES_PASSWORD
        PREFECT_HOME="$EXGRPO_STATE_DIR/prefect-home"
        PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_API_URL="$EXGRPO_PREFECT_API_URL")
   [[ -f "$EXGRPO_PGPASSFILE" ]] && ENV+=(PGPASSFILE="$EXGRPO_PGPASSFILE")
@@ -161,7 +162,11 @@ case "$cmd" in
     ;;
   serve)
     case "${2:-}" in
-      mlflow|prefect|worker) mkdir -p "$EXGRPO_STATE_DIR"; "${2}_cmd"; exec "${CMD[@]}" ;;
+      mlflow|prefect|worker)
+        mkdir -p "$EXGRPO_STATE_DIR"
+        # a container given its own role's password writes a pass file with that role only
+        [[ -z "${EXGRPO_TRAIN_PASSWORD:-}${EXGRPO_DASHBOARD_PASSWORD:-}${EXGRPO_SERVICES_PASSWORD:-}" ]] || _write_pgpass
+        "${2}_cmd"; exec "${CMD[@]}" ;;
       *) echo "usage: $0 serve mlflow|prefect|worker" >&2; exit 2 ;;
     esac
     ;;

@@ -72,8 +72,46 @@ def test_nothing_is_published_beyond_this_machine_and_postgresql_not_at_all():
             assert spec.startswith("127.0.0.1:"), f"{name} publishes {spec} on every interface"
 
 
-def test_mlflow_prefect_and_the_worker_require_the_logins():
-    for name in ("mlflow", "prefect", "worker"):
-        env = SERVICES[name]["environment"]
-        for key in ("EXGRPO_MLFLOW_ADMIN_PASSWORD", "EXGRPO_PREFECT_AUTH_STRING"):
-            assert re.fullmatch(rf"\$\{{{key}:\?[^}}]*\}}", str(env.get(key))), f"{name}.{key}: required from .env"
+SECRETS = {  # each container's secrets, and no other
+    "postgres": {"POSTGRES_PASSWORD"},
+    "db-setup": {"PGPASSWORD", "EXGRPO_TRAIN_PASSWORD", "EXGRPO_DASHBOARD_PASSWORD", "EXGRPO_SERVICES_PASSWORD"},
+    "mlflow": {"EXGRPO_SERVICES_PASSWORD", "EXGRPO_MLFLOW_ADMIN_PASSWORD"},
+    "prefect": {"EXGRPO_SERVICES_PASSWORD", "EXGRPO_PREFECT_AUTH_STRING"},
+    "worker": {"EXGRPO_TRAIN_PASSWORD", "EXGRPO_MLFLOW_ADMIN_PASSWORD", "EXGRPO_PREFECT_AUTH_STRING",
+               "PREFECT_API_AUTH_STRING"},
+}
+
+
+def test_each_container_gets_only_its_own_secrets_and_requires_them():
+    for name, svc in SERVICES.items():
+        env = svc.get("environment") or {}
+        secret = {k for k, v in env.items() if re.search(r"PASSWORD|AUTH_STRING", k) or "PASSWORD" in str(v)}
+        assert secret == SECRETS[name], name
+        for key in secret:
+            assert re.fullmatch(r"\$\{[A-Z_]+:\?[^}]*\}", str(env[key])), f"{name}.{key}: required from .env"
+
+
+def test_no_service_shares_a_folder_with_the_pass_file_of_every_role():
+    """db-setup writes every role's password to its /state/pgpass; a service writes its own role's only."""
+    assert not SERVICES["db-setup"].get("volumes")
+    mounts = {name: {v.split(":")[0] for v in svc.get("volumes", [])} for name, svc in SERVICES.items()}
+    for a in ("mlflow", "prefect", "worker"):
+        for b in ("mlflow", "prefect", "worker"):
+            if a < b:
+                assert not mounts[a] & mounts[b], (a, b, mounts[a] & mounts[b])
+
+
+def test_a_served_container_writes_a_pass_file_with_its_own_role_only(tmp_path):
+    fake = tmp_path / "python"  # stands in for the service: records the environment it was started with
+    fake.write_text('#!/bin/sh\nenv > "$FAKE_OUT"\n')
+    fake.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "EXGRPO_PYTHON": str(fake), "FAKE_OUT": str(
+        tmp_path / "env"), "EXGRPO_STATE_DIR": str(tmp_path / "state"), "EXGRPO_TRAIN_PASSWORD": "train-secret"}
+    out = subprocess.run(["bash", "infra/services.sh", "serve", "worker"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    pgpass = tmp_path / "state" / "pgpass"
+    assert pgpass.read_text() == "127.0.0.1:5432:*:exgrpo_train:train-secret\n"
+    assert pgpass.stat().st_mode & 0o777 == 0o600
+    seen = (tmp_path / "env").read_text()
+    assert f"PGPASSFILE={pgpass}" in seen and "train-secret" not in seen  # the password only through the file
