@@ -15,6 +15,7 @@ console = Console(highlight=False, soft_wrap=True)
 def cmd_rollout_server(args: argparse.Namespace) -> int:
     """Run a stock `vllm serve` with the flags rollout.engine=remote needs (printed first; --dry-run stops there)."""
     from exgrpo_core.rollout.remote import API_KEY_ENV, PIP_HINT, bind_flag, serve_command, serve_env
+    from flows.rollout_gate import short_key
 
     extra = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
     bound = next((a for a in extra if bind_flag(a)), None)
@@ -28,6 +29,9 @@ def cmd_rollout_server(args: argparse.Namespace) -> int:
                         data_parallel_size=args.data_parallel_size, gpu_memory_utilization=args.gpu_memory_utilization,
                         max_model_len=args.max_model_len, weight_transfer=args.weight_transfer, extra=extra)
     key = os.environ.get(API_KEY_ENV)
+    if short_key(key):
+        console.print("[red]error[/red]: " + escape(short_key(key)))
+        return 2
     if not key and args.host not in ("127.0.0.1", "localhost", "::1"):  # the weight routes would be open
         console.print("[red]error[/red]: " + escape(f"--host {args.host} lets other machines pause the server and "
                                                     f"replace its weights: set {API_KEY_ENV} (the trainer sends "

@@ -20,6 +20,17 @@ import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+MIN_KEY_CHARS = 16  # the key is all that stands between a stranger and the server's weights
+
+
+def short_key(key: str | None) -> str | None:
+    """The one-line refusal of a set key shorter than MIN_KEY_CHARS, else None."""
+    if key and len(key) < MIN_KEY_CHARS:
+        return (f"EXGRPO_ROLLOUT_API_KEY has {len(key)} characters: use at least {MIN_KEY_CHARS} (e.g. "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(24))'`)")
+    return None
+
+
 OPEN = {("GET", "/health")}  # what a load balancer's probe may see without the key
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization"}
 
@@ -74,8 +85,8 @@ class TokenGate(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, host: str, port: int, upstream_port: int, key: str, timeout_s: float = 3600.0):
-        if not key:
-            raise ValueError("the gate needs a key")
+        if not key or short_key(key):
+            raise ValueError(short_key(key) or "the gate needs a key")
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), _Handler)
         self.upstream_port, self.timeout_s = upstream_port, timeout_s

@@ -22,7 +22,7 @@ CONTRACT = json.loads((Path(__file__).resolve().parents[2] / "exgrpo_core" / "ro
 
 
 def test_dry_run_prints_the_vllm_serve_command(capsys, monkeypatch):
-    monkeypatch.setenv("EXGRPO_ROLLOUT_API_KEY", "s3cret")
+    monkeypatch.setenv("EXGRPO_ROLLOUT_API_KEY", "s3cret-rollout-key-16")
     code = main(["rollout-server", "--model", "Qwen/Qwen2.5-Math-7B", "--host", "10.0.0.5", "--port", "8000",
                  "--tensor-parallel-size", "2", "--data-parallel-size", "4", "--max-model-len", "9216", "--dry-run",
                  "--", "--max-num-seqs", "512"])
@@ -31,7 +31,7 @@ def test_dry_run_prints_the_vllm_serve_command(capsys, monkeypatch):
     line = out.splitlines()[0]
     assert line.startswith(f"VLLM_SERVER_DEV_MODE=1 VLLM_API_KEY=$EXGRPO_ROLLOUT_API_KEY {sys.executable} -m "
                            "vllm.entrypoints.openai.api_server ")
-    assert "s3cret" not in out  # the key goes by environment, never on the command line
+    assert "s3cret-rollout-key-16" not in out  # the key goes by environment, never on the command line
     args = shlex.split(line.split(" ", 2)[2])
     assert args[:5] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "Qwen/Qwen2.5-Math-7B"]
     rest = args[5:]  # flag-value pairs, and the one switch
@@ -73,7 +73,7 @@ def test_the_cpu_build_serves_with_the_gloo_transfer(capsys):
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_host_or_port_passed_through_to_vllm_is_refused(capsys, monkeypatch, passed, dry_run):
     """vLLM keeps the last --host: one after `--` would undo the loopback bind the key gate sets."""
-    monkeypatch.setenv("EXGRPO_ROLLOUT_API_KEY", "s3cret")
+    monkeypatch.setenv("EXGRPO_ROLLOUT_API_KEY", "s3cret-rollout-key-16")
     from flows import rollout_gate
 
     started = []
@@ -86,3 +86,17 @@ def test_host_or_port_passed_through_to_vllm_is_refused(capsys, monkeypatch, pas
     flag = next(a for a in passed if a.startswith(("--ho", "--po")))
     assert out.splitlines() == [f"error: {flag} after `--` would override where vLLM listens (and the key gate's "
                                 "loopback bind): use exgrpo rollout-server's own --host / --port"]
+
+
+@pytest.mark.parametrize("key", ["1", "fifteen-chars-x"])
+def test_a_short_key_is_refused_in_one_line(capsys, monkeypatch, key):
+    from flows import rollout_gate
+
+    monkeypatch.setenv("EXGRPO_ROLLOUT_API_KEY", key)
+    assert main(["rollout-server", "--model", "m", "--host", "0.0.0.0", "--dry-run"]) == 2
+    out = capsys.readouterr().out
+    assert out.splitlines() == [f"error: EXGRPO_ROLLOUT_API_KEY has {len(key)} characters: use at least 16 (e.g. "
+                                "`python -c 'import secrets; print(secrets.token_urlsafe(24))'`)"]
+    with pytest.raises(ValueError, match="at least 16"):
+        rollout_gate.TokenGate("127.0.0.1", 0, 1, key)
+    rollout_gate.TokenGate("127.0.0.1", 0, 1, key.ljust(16, "x")).server_close()  # 16 and more are taken
