@@ -6,8 +6,9 @@ the usual changes (`run_name`, `steps`, `replay_ratio`, `seed`: plain inputs who
 started from the form without a run name is a new run named `<preset>-<flow run name>-<4 hex of
 the flow run id>`, so clicking Run twice trains twice; a Retry of that flow run (same id, a later
 attempt) continues the run its first attempt started; a given run name continues that run as
-`exgrpo train` does. A run that already trained all its steps is never resumed silently:
-`finished_run` says so and the flow ends `Cancelled` ("AlreadyFinished") without touching it.
+`exgrpo train` does. A finished run is never resumed silently: unless more steps are asked for
+explicitly (`asks_for_steps`), `finished_run` says so and the flow ends `Cancelled` ("AlreadyFinished")
+without touching it.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ Count = Annotated[int, Field(ge=0)] | SkipJsonSchema[None]  # 0: not set
 
 
 class AlreadyFinishedError(PlannedEnd):
-    """The run to resume already trained all its steps (the CLI's one-line error; the flow's AlreadyFinished)."""
+    """The run named is finished and no more steps were asked for (the CLI's one line, exit 0; the flow's
+    AlreadyFinished)."""
+
+    exit_code = 0
+    label = "[yellow]finished[/yellow]"
 
 
 # typed form fields -> the config key each one sets
@@ -91,10 +96,30 @@ def run_config(params: dict, flow_run_name: str | None = None, flow_run_id=None,
     return reveal(load_config(preset, sets)), masked(sets)
 
 
-def finished_run(cfg: ExGRPOConfig) -> dict | None:
-    """When the run `cfg` names already finished all run.steps (resuming it would train nothing): its
-    database row plus `message`, one line saying so and what to do; else None. Reads only the run
-    folder and the run's database row."""
+def asks_for_steps(overrides: list[str] | None, config: str | None = None) -> bool:
+    """Whether the user asked for a number of steps: `run.steps` among the overrides (`--set`, the form's
+    steps field) or in their own YAML file (a shipped preset's steps are no request)."""
+    if any(o.split("=", 1)[0].strip() == "run.steps" for o in overrides or []):
+        return True
+    if not config:
+        return False
+    import yaml
+
+    from exgrpo_core.config.load import resolve_preset
+
+    path = resolve_preset(config).resolve()
+    if path.parent == PRESETS_DIR.resolve():
+        return False
+    data = yaml.safe_load(path.read_text()) or {}
+    return isinstance(data, dict) and isinstance(data.get("run"), dict) and "steps" in data["run"]
+
+
+def finished_run(cfg: ExGRPOConfig, extend: bool = False) -> dict | None:
+    """When the run `cfg` names already finished (status `finished`) and is not to train further: its
+    database row plus `message`, one line saying so and how to continue it; else None. It trains further
+    only when `extend` (the user asked for a number of steps, `asks_for_steps`) and run.steps is more than
+    it did: a preset's larger default never extends a finished run. Reads only the run folder and the
+    run's database row."""
     from exgrpo_core.run.checkpoint import latest_checkpoint
     from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 
@@ -104,8 +129,13 @@ def finished_run(cfg: ExGRPOConfig) -> dict | None:
     with ExperienceStore(resolve_db_url(cfg.run.db_url, run_dir)) as store:
         run_id = store.find_run_by_name(cfg.run.name)
         row = store.get_run(run_id) if run_id else None
-    if row is None or row["status"] != "finished" or row["step"] + 1 < cfg.run.steps:
+    if row is None or row["status"] != "finished":
         return None
+    done = row["step"] + 1
+    if done < cfg.run.steps and extend:
+        return None
+    why = f" (run.steps={cfg.run.steps} was not asked for)" if done < cfg.run.steps else ""
     return {**row, "message": (
-        f"run '{cfg.run.name}' already finished {row['step'] + 1} steps: nothing trained. Raise run.steps to "
-        "continue it, or start a new run (another run name; from the Prefect form: leave run_name empty)")}
+        f"run '{cfg.run.name}' already finished {done} steps: nothing trained{why}. To continue it, ask for "
+        f"more steps (--set run.steps=N with N > {done}; the Prefect form's steps), or start a new run "
+        "(another run name; from the Prefect form: leave run_name empty)")}
