@@ -4,8 +4,9 @@ Both are kernel locks (`flock` on a file, a PostgreSQL session advisory lock), s
 when the holding process dies, however it dies: a killed run never leaves a stale lock behind.
 `RunLock` refuses a second holder at once, with one line naming the first (pid, host, since when).
 `lock_run` locks both things a run lives in: its folder (checkpoints) and the run in its database
-(an advisory lock in that PostgreSQL database, or a file lock beside the SQLite file), so neither two
-folders sharing one database nor one folder with two databases gives a run two writers.
+(an advisory lock in that PostgreSQL database, or file locks beside the SQLite file and on its inode),
+so neither two folders sharing one database, nor one folder with two databases, nor two hard-linked
+names of one SQLite file gives a run two writers.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hashlib
 import os
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -135,6 +137,7 @@ class RunLock:
 
 
 _HELD: dict[str, RunLock] = {}
+_PINNED: dict[str, RunLock] = {}  # run folder -> the lock on its SQLite file's inode
 _CREATED: set[str] = set()
 LOCK_SUFFIX = ".runlock"
 
@@ -149,6 +152,30 @@ def database_lock_path(db_url: str, name: str) -> Path | None:
         return None
     db = Path(database).expanduser().resolve()
     return db.with_name(f"{db.name}.{hashlib.sha256(name.encode()).hexdigest()[:12]}{LOCK_SUFFIX}")
+
+
+INODE_LOCK_DIR = "/tmp/exgrpo-runlocks-{uid}"  # one per user and machine, whatever TMPDIR says
+
+
+def inode_lock_path(db_url: str, name: str) -> Path | None:
+    """A lock file for run `name` keyed on the SQLite file itself, (st_dev, st_ino), in this machine's
+    INODE_LOCK_DIR: every hard-linked name of one database meets the same lock. None for an in-memory
+    database or a file that does not exist yet (no other name of it exists either)."""
+    from sqlalchemy.engine import make_url
+
+    database = make_url(db_url).database
+    if database in (None, "", ":memory:"):
+        return None
+    try:
+        st = os.stat(Path(database).expanduser())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    folder = Path(os.environ.get("EXGRPO_RUNLOCK_DIR") or INODE_LOCK_DIR.format(uid=os.getuid()))
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    owner = os.lstat(folder)
+    if not stat.S_ISDIR(owner.st_mode) or owner.st_uid != os.getuid():
+        raise RunLockedError(f"lock folder {folder} is not a folder of this user: remove it or set EXGRPO_RUNLOCK_DIR")
+    return folder / f"{st.st_dev}-{st.st_ino}.{hashlib.sha256(name.encode()).hexdigest()[:12]}{LOCK_SUFFIX}"
 
 
 def _database_lock(run_dir: Path, name: str, db_url: str) -> RunLock | None:
@@ -188,12 +215,31 @@ def lock_run(run_dir: str | Path, name: str, db_url: str) -> RunLock:
 
         def release() -> None:
             try:
+                pinned = _PINNED.pop(key, None)
+                if pinned is not None:
+                    pinned.release()
                 if db is not None:
                     db.release()
             finally:
                 folder.release()
         _HELD[key] = RunLock(release)
+        try:
+            pin_database(run_dir, name, db_url)
+        except BaseException:
+            unlock_run(run_dir)
+            raise
     return _HELD[key]
+
+
+def pin_database(run_dir: str | Path, name: str, db_url: str) -> None:
+    """Add the lock on the SQLite file's inode (`inode_lock_path`) to this process's lock on the run, once
+    the file exists: `lock_run` takes it when the file is there, the session again after creating it."""
+    key = str(Path(run_dir).resolve())
+    if key not in _HELD or key in _PINNED or db_url.startswith("postgres"):
+        return
+    path = inode_lock_path(db_url, name)
+    if path is not None:
+        _PINNED[key] = RunLock.file(run_dir, name, path, f" in {key}")
 
 
 def make_run_dir(run_dir: str | Path) -> None:

@@ -140,6 +140,7 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
     worker, tokenizer = open_worker(cfg, accelerator, ckpt, run_dir)
 
     store = ExperienceStore(db_url)
+    locks.pin_database(run_dir, cfg.run.name, db_url)  # the file exists now: lock its other (hard-linked) names
     state = checkpoint.load_trainer_state(ckpt) if ckpt else None
     run_id, unfinished = (state["loop"]["run_id"], None) if state else _unfinished_run(cfg, store)
     store.start_run(run_id, cfg.run.name, cfg.preset, masked_config(cfg), cfg.rollout.group_size)  # no credentials
@@ -147,10 +148,9 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
 
     session = Session(
         cfg=cfg, run_id=run_id, run_dir=run_dir, model=worker.model, tokenizer=tokenizer,
-        optimizer=worker.optimizer, accelerator=accelerator, engine=worker.engine,
-        verify=verify, store=store, questions={q.uid: q for q in questions},
-        sampler=FreshSampler([q.uid for q in questions], cfg.run.seed), rng=random.Random(cfg.run.seed),
-        ref_model=worker.ref_model, team=Team(worker), reward=reward)
+        optimizer=worker.optimizer, accelerator=accelerator, engine=worker.engine, verify=verify, store=store,
+        questions={q.uid: q for q in questions}, sampler=FreshSampler([q.uid for q in questions], cfg.run.seed),
+        rng=random.Random(cfg.run.seed), ref_model=worker.ref_model, team=Team(worker), reward=reward)
     if hasattr(reward, "close"):
         session._closers.append(reward.close)
     if verifier is not None:

@@ -101,3 +101,36 @@ def test_refused_fresh_start_leaves_the_winners_folder(tmp_path, monkeypatch):
     finally:
         for h in holder:
             h.__exit__()
+
+
+def test_hard_linked_names_of_one_sqlite_file_are_one_run(tmp_path):
+    """A second name of the same file (`ln a/exp.db b/exp.db`) is the same database: the lock is keyed on the
+    file (st_dev, st_ino), not on its path."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "exp.db").touch()
+    os.link(tmp_path / "a" / "exp.db", tmp_path / "b" / "exp.db")
+    with Holder(tmp_path / "runs-a" / "r", "r", f"sqlite:///{tmp_path / 'a' / 'exp.db'}") as first:
+        with pytest.raises(locks.RunLockedError, match=f"pid {first.pid} on") as e:
+            locks.lock_run(tmp_path / "runs-b" / "r", "r", f"sqlite:///{tmp_path / 'b' / 'exp.db'}")
+        assert "\n" not in str(e.value) and not locks.holds(tmp_path / "runs-b" / "r")
+    locks.lock_run(tmp_path / "runs-b" / "r", "r", f"sqlite:///{tmp_path / 'b' / 'exp.db'}")  # freed by its death
+    locks.unlock_run(tmp_path / "runs-b" / "r")
+
+
+def test_a_file_created_after_the_lock_is_pinned_once_it_exists(tmp_path):
+    """A fresh run locks before its database exists; once the session has created it, a hard link made then
+    meets the lock too."""
+    db = tmp_path / "a" / "exp.db"
+    db.parent.mkdir()
+    locks.lock_run(tmp_path / "runs" / "r", "r", f"sqlite:///{db}")
+    try:
+        db.touch()
+        locks.pin_database(tmp_path / "runs" / "r", "r", f"sqlite:///{db}")
+        os.link(db, tmp_path / "linked.db")
+        out = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path / "other" / "r"), "r",
+                              f"sqlite:///{tmp_path / 'linked.db'}"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert out.returncode == 1 and f"pid {os.getpid()} on" in out.stderr, out.stderr[-2000:]
+    finally:
+        locks.unlock_run(tmp_path / "runs" / "r")
