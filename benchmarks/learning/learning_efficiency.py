@@ -58,7 +58,7 @@ def main() -> int:
 
 def arm_summary(rows: list[dict]) -> dict[str, dict]:
     """Per arm, from the comparison's `mean` rows: final held-out pass@1, responses, replay, growth."""
-    keys = ("heldout_avg", "mean_reward", "final_reward", "responses_generated", "responses_to_target",
+    keys = ("heldout_avg", "mean_reward", "final_reward", "responses_generated", "slots_to_target",
             "replayed", "buffer_questions", "retired")
     means = {r["arm"]: r for r in rows if r["seed"] == "mean"} or {r["arm"]: r for r in rows}
     seeds = {}
@@ -69,12 +69,12 @@ def arm_summary(rows: list[dict]) -> dict[str, dict]:
 
 
 def print_table(summary: dict[str, dict]) -> None:
-    print("| arm | held-out pass@1 (per seed) | mean train reward | responses | to on-policy final | replayed "
+    print("| arm | held-out pass@1 (per seed) | mean train reward | responses | slots to on-policy final | replayed "
           "| buffer q | retired |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for arm, s in summary.items():
         per = ", ".join("—" if v is None else f"{v:.3f}" for v in s["heldout_per_seed"])
-        reach = s["responses_to_target"]
+        reach = s["slots_to_target"]
         print(f"| {arm} | {_f(s['heldout_avg'])} ({per}) | {_f(s['mean_reward'])} | {_n(s['responses_generated'])} "
               f"| {'never' if reach is None or (isinstance(reach, float) and math.isnan(reach)) else _n(reach)} "
               f"| {_n(s['replayed'])} | {_n(s['buffer_questions'])} | {_n(s['retired'])} |")

@@ -93,6 +93,7 @@ def compare(preset: str = "tiny", overrides: Texts = [], arms: list[ArmName] | S
             children = [par.Child(r.arm, r.seed, r.cfg, r.overrides, r.paper_id_avg, _target_weights(r.cfg))
                         for r in runs]
             results = par.run_children(children, target, name, preset, parent.run_id)
+            meta["notes"].append(par.note(results, target))  # where the children came from
         for i, run in enumerate([] if target else runs):
             summary = finished_summary(run.cfg)
             print(f"arm {run.arm} seed {run.seed}: run {run.cfg.run.name}" + (" (finished: read back)" if summary else ""))
@@ -159,27 +160,28 @@ def _meta(base: ExGRPOConfig, preset: str, overrides, arms, seeds, name: str, ev
     cmd = ["exgrpo", "compare", "--config", preset, "--name", name, "--arms", ",".join(parse_arms(arms)),
            "--seeds", ",".join(map(str, parse_seeds(seeds))), *sum((["--set", o] for o in overrides or []), []),
            *(par.cli_args(target) if target else [])]
-    held = (f"final evaluation on {base.eval.suites or base.data.eval_path}" if evaluate and can_evaluate(base)
+    suites = report.md_escape(base.eval.suites or base.data.eval_path)
+    held = (f"final evaluation on {suites}" if evaluate and can_evaluate(base)
             else "no held-out evaluation (no eval.suites / data.eval_path, or evaluate off)")
     notes = [f"Command: `{shlex.join(cmd + ([] if evaluate else ['--no-eval']))}`", "",
              f"Preset `{preset}`, {base.run.steps} steps, B={B} questions x K={K}: every step fills "
-             f"B*K={B * K} rollout slots in every arm. Fresh questions get K generated responses, "
+             f"B·K={B * K} rollout slots in every arm. Fresh questions get K generated responses, "
              "experiential ones K-1 generated + 1 replayed, so replay arms generate one response less per "
-             "experiential question (docs/comparison.md). `budget ok`: at every step the stored groups hold B*K "
-             "slots and generated = B*K - experiential groups. `unfilled replay slots`: experiential questions "
+             "experiential question (docs/comparison.md). `budget ok`: at every step the stored groups hold B·K "
+             "slots and generated = B·K - experiential groups. `unfilled replay slots`: experiential questions "
              "solved K/K in that step, retired before trajectory selection, so their group trains without the "
              "replayed trajectory (all-correct: zero advantage either way).",
              f"Rewards are the last step's values (`mean reward`: over all steps); {held}.",
-             "`responses to on-policy final held-out`: responses generated up to the first evaluation "
-             "(eval.every, and the final one) whose held-out pass@1 reached on_policy's final held-out "
-             "pass@1 (mean over its seeds); — when it never did, or without evaluations; a mean row is — "
-             "when any seed never did.",
+             "`slots to on-policy final held-out`: rollout slots trained on (B·K a step in every arm) up to the "
+             "first evaluation (eval.every, and the final one) whose held-out pass@1 reached on_policy's final "
+             "held-out pass@1 (mean over its seeds); — when it never did, or without evaluations; a mean row is "
+             "— when any seed never did. Slots, not generated responses, so a replay arm is not credited with "
+             "the response it does not generate per experiential question.",
              "`held-out at step 0`: the starting policy (eval.at_start, stored at step -1); `held-out AUC`: "
              "trapezoid area under held-out pass@1 against steps completed, divided by the steps spanned (the "
              "mean held-out pass@1 over training). The statistics against on_policy follow the table.",
              "`paper ID avg (ref)`: the paper's in-distribution average for Qwen2.5-Math-7B (the paper's ablation table), "
-             "a reference for the direction of each ablation, not comparable in scale.",
-             *([par.NOTE.format(deployment=target.deployment, queue=target.queue)] if target else [])]
+             "a reference for the direction of each ablation, not comparable in scale."]
     return {"preset": preset, "overrides": list(overrides or []), "arms": parse_arms(arms),
             "seeds": parse_seeds(seeds), "steps": base.run.steps, "slots_per_step": B * K,
             "evaluate": evaluate, "command": shlex.join(cmd), "notes": notes,

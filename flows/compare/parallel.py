@@ -33,9 +33,12 @@ PARENT_TAG, CHILD_TAG = "exgrpo-parent:", "exgrpo-child:"
 STATUS = {"COMPLETED": "finished", "FAILED": "failed", "CRASHED": "crashed", "CANCELLED": "cancelled"}
 RETRY = {"failed", "crashed", "cancelled"}
 POLL_S = 5.0
-NOTE = ("Parallel: every child ran as a flow run of the deployment `{deployment}` (work queue `{queue}`); "
-        "`status` is what became of its latest run. Children that did not finish are left out of the means, "
-        "statistics and plots; `--retry-failed` resubmits only them.")
+ORIGINS = {"flow run": "ran as flow runs of the deployment `{deployment}` (work queue `{queue}`)",
+           "earlier flow run": "{were} read back from the experience database, trained by flow runs of an earlier "
+                               "run of this parallel {kind}",
+           "database": "{were} read back from the experience database, trained before outside the deployment (a "
+                       "sequential {kind} or a training run of the same name): not submitted"}
+"""Where a parallel report's children came from (a result row's `origin`), as the report's note says it."""
 
 
 class ParallelError(RuntimeError):
@@ -113,7 +116,24 @@ def run_children(children: list[Child], target: Target, parent: str, preset: str
         for c in new:
             submit(c, target, parent, preset, mlflow_parent, attempt=len(found.get(c.name, [])))
         runs = wait(client, todo, parent, poll_s) if todo else {}
-    return [collect(c, "finished" if c.name in done else status(runs[c.name])) for c in children]
+    results = [collect(c, "finished" if c.name in done else status(runs[c.name])) for c in children]
+    for c, r in zip(children, results):
+        r["row"]["origin"] = ("flow run" if c.name not in done else "earlier flow run" if c.name in found
+                              else "database")
+    return results
+
+
+def note(results: list[dict], target: Target, kind: str = "comparison") -> str:
+    """The report's sentence on where the children came from: how many ran as flow runs of the deployment
+    now, and how many were read back, trained earlier (by this parallel comparison's flow runs, or outside
+    the deployment, e.g. a sequential comparison of the same name)."""
+    counts = {o: sum(r["row"].get("origin", "flow run") == o for r in results) for o in ORIGINS}
+    parts = [f"{n} of {len(results)} {'child' if len(results) == 1 else 'children'} "
+             + ORIGINS[o].format(deployment=target.deployment, queue=target.queue, kind=kind,
+                                 were="was" if n == 1 else "were")
+             for o, n in counts.items() if n]
+    return ("Parallel: " + "; ".join(parts) + ". `status` is what became of each child's latest run. Children that "
+            "did not finish are left out of the means, statistics and plots; `--retry-failed` resubmits only them.")
 
 
 def finished_summary(cfg: ExGRPOConfig) -> dict | None:

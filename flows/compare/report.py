@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
 from exgrpo_core import metrics as M
@@ -58,7 +59,7 @@ def arm_result(store: ExperienceStore, run_id: str, arm: str, seed: int, slots: 
            "final_fresh_pass1": last[M.FRESH_PASS1],
            "responses_generated": sum(generated), "responses_per_step_min": min(generated, default=math.nan),
            "responses_per_step_max": max(generated, default=math.nan), "replayed": sum(replayed),
-           "unfilled": sum(t[2] for t in trace) - sum(replayed),
+           "unfilled": sum(t[2] for t in trace) - sum(replayed), "experiential": sum(t[2] for t in trace),
            "slots_per_step": slots, "slots_ok": bool(trace) and not _bad_steps(trace, slots),
            "buffer_questions": last[M.BUFFER_QUESTIONS], "buffer_trajectories": last[M.BUFFER_TRAJECTORIES],
            "retired": last[M.RETIRED_QUESTIONS], "heldout": heldout(store, run_id), "paper_id_avg": paper_id_avg}
@@ -98,17 +99,18 @@ def staleness(m: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
     return out
 
 
-def staleness_markdown(rows: list[dict]) -> list[str]:
-    """The staleness section of the report: one line per run (and arm mean) that replayed."""
+def staleness_markdown(rows: list[dict], label: str = "arm") -> list[str]:
+    """The staleness section of the report: one line per run (and arm mean) that replayed; `label` heads the
+    rows' column."""
     shown = [r for r in rows if not math.isnan(r.get("age_mean", math.nan))]
     if not shown:
         return []
-    head = ["arm", "seed", *(h for _, _, h in STALENESS)]
+    head = [label, "seed", *(h for _, _, h in STALENESS)]
     return ["", "## Staleness of replayed trajectories", "",
             "Age = replaying step - sampling step; w = pi_theta / pi_behaviour per replayed token at the step's "
             "start, f(w) the weight the replay term applies; per-step quantiles averaged over the steps that "
             "replayed, max over the run.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-            *("| " + " | ".join([str(r["arm"]), str(r["seed"]), *(_fmt(r[f], f) for _, f, _ in STALENESS)]) + " |"
+            *("| " + " | ".join([md_escape(r["arm"]), str(r["seed"]), *(_fmt(r[f], f) for _, f, _ in STALENESS)]) + " |"
               for r in shown)]
 
 
@@ -152,17 +154,22 @@ def heldout_curve(store: ExperienceStore, run_id: str) -> list[tuple[int, float]
     return [(step, _mean(v)) for step, v in sorted(by_step.items())]
 
 
-def add_responses_to_target(results: list[dict], baseline: str = "on_policy") -> float:
-    """Mark each row with the responses generated until its held-out pass@1 first reached the
-    baseline arm's final held-out pass@1 (mean over its seeds); NaN when it never did. Returns the target."""
+def add_slots_to_target(results: list[dict], baseline: str = "on_policy") -> float:
+    """Mark each row with the rollout slots it trained on until its held-out pass@1 first reached the
+    baseline arm's final held-out pass@1 (mean over its seeds); NaN when it never did. Returns the target.
+
+    Slots, not generated responses: every arm fills B*K slots a step, and a replay arm generates one response
+    less per experiential question by construction, so counting generated responses would credit it with
+    that saving whatever it learned. An evaluation after step s (index; -1 = the start) counts (s + 1) * B*K."""
     finals = [r["row"]["heldout_avg"] for r in results if r["row"]["arm"] == baseline]
     target = _mean(finals)
     for r in results:
-        c = r["curves"]
-        hits = [n for n, v in zip(c.get("heldout_responses", []), c.get("heldout_pass1", []))
+        c, slots = r["curves"], r["row"].get("slots_per_step", math.nan)
+        hits = [(s + 1) * slots for s, v in zip(c.get("heldout_step", []), c.get("heldout_pass1", []))
                 if not math.isnan(target) and v >= target - 1e-12]
         r["row"]["heldout_target"] = target
-        r["row"]["responses_to_target"] = hits[0] if hits else math.nan
+        r["row"]["slots_to_target"] = hits[0] if hits else math.nan
+        r["row"]["slots_trained"] = r["row"].get("steps", 0) * slots  # the censoring horizon
     return target
 
 
@@ -187,9 +194,9 @@ def mean_rows(rows: list[dict]) -> list[dict]:
             if k not in mean and isinstance(v, (int, float)) and not isinstance(v, bool):
                 mean[k] = _mean([r[k] for r in group])
         mean["heldout"] = {b: _mean([r["heldout"].get(b, math.nan) for r in group]) for b in group[0]["heldout"]}
-        if "responses_to_target" in group[0]:  # a seed that never reached the target makes the mean "never"
-            reach = [r["responses_to_target"] for r in group]
-            mean["responses_to_target"] = math.nan if any(math.isnan(x) for x in reach) else _mean(reach)
+        if "slots_to_target" in group[0]:  # a seed that never reached the target makes the mean "never"
+            reach = [r["slots_to_target"] for r in group]
+            mean["slots_to_target"] = math.nan if any(math.isnan(x) for x in reach) else _mean(reach)
         out.append(mean)
     return out
 
@@ -198,10 +205,10 @@ COLUMNS = [("arm", "arm"), ("seed", "seed"), ("final_reward", "final reward"), (
            ("final_fresh_pass1", "fresh pass@1"), ("heldout_avg", "held-out pass@1 avg"),
            ("heldout_start", "held-out at step 0"), ("heldout_auc", "held-out AUC"),
            ("responses_generated", "responses generated"),
-           ("responses_to_target", "responses to on-policy final held-out"), ("responses_per_step_min", "responses/step min"),
+           ("slots_to_target", "slots to on-policy final held-out"), ("responses_per_step_min", "responses/step min"),
            ("responses_per_step_max", "responses/step max"), ("replayed", "replayed"),
-           ("unfilled", "unfilled replay slots"),
-           ("slots_per_step", "slots/step (B*K)"), ("slots_ok", "budget ok"), ("buffer_questions", "buffer q"),
+           ("unfilled", "unfilled replay slots"), ("experiential", "experiential questions"),
+           ("slots_per_step", "slots/step (B·K)"), ("slots_ok", "budget ok"), ("buffer_questions", "buffer q"),
            ("buffer_trajectories", "buffer traj"), ("retired", "retired"), ("paper_id_avg", "paper ID avg (ref)")]
 
 
@@ -216,9 +223,9 @@ def table_rows(rows: list[dict], row_label: str = "arm",
 
 MAX_COLUMNS = 10  # a Markdown table wider than this wraps on a laptop screen: the report splits it
 MAIN_KEYS = ("arm", "seed", "status", "final_reward", "heldout_avg", "heldout_start", "heldout_auc",
-             "responses_generated", "responses_to_target", "slots_ok")
+             "responses_generated", "slots_to_target", "slots_ok")
 DETAIL_TABLES = (("Rollout budget", ("responses_per_step_min", "responses_per_step_max", "replayed", "unfilled",
-                                     "slots_per_step", "slots_ok")),
+                                     "experiential", "slots_per_step", "slots_ok")),
                  ("Training reward and buffer", ("mean_reward", "final_fresh_pass1", "buffer_questions",
                                                  "buffer_trajectories", "retired", "paper_id_avg")))
 """The Markdown report's tables: MAIN_KEYS first, then per-benchmark held-out (two or more benchmarks,
@@ -241,8 +248,8 @@ def markdown_tables(rows: list[dict], row_label: str = "arm", skip: tuple[str, .
     for title, keys in parts:
         if len(keys) <= len(lead):
             continue
-        out += [*(["", f"### {title}"] if title else []), "", "| " + " | ".join(cols[k] for k in keys) + " |",
-                "|" + "---|" * len(keys), *("| " + " | ".join(_cell(r, k) for k in keys) + " |" for r in rows)]
+        out += [*(["", f"### {title}"] if title else []), "", "| " + " | ".join(md_escape(cols[k]) for k in keys) + " |",
+                "|" + "---|" * len(keys), *("| " + " | ".join(md_escape(_cell(r, k)) for k in keys) + " |" for r in rows)]
     return out[1:] if out and out[0] == "" else out
 
 
@@ -251,6 +258,13 @@ def _columns(rows: list[dict], row_label: str, skip: tuple[str, ...]) -> list[tu
     cols = [("arm", row_label), *COLUMNS[1:2], *([("status", "status")] if any("status" in r for r in rows) else []),
             *COLUMNS[2:5], *[(f"heldout:{b}", f"{b} pass@1") for b in benches], *COLUMNS[5:]]
     return [c for c in cols if c[0] not in skip]
+
+
+def md_escape(text) -> str:
+    """Text shown as-is in Markdown: `*`, backticks, brackets, `|`, a `<` that could open a tag and word-edge `_`
+    backslashed (an underscore inside a word, as in `rho_0.25`, never emphasises, so it stays readable)."""
+    text = re.sub(r"([\\`*\[\]|])", r"\\\1", str(text))
+    return re.sub(r"(?<!\w)_|_(?!\w)", r"\_", re.sub(r"<(?=[A-Za-z/!?])", r"\<", text))
 
 
 def _cell(r: dict, key: str) -> str:
@@ -266,7 +280,7 @@ def write_report(results: list[dict], out_dir: Path, name: str, meta: dict,
     rows = [r["row"] for r in results]
     results = [r for r in results if r["row"].get("status", "finished") == "finished"]
     done = [r["row"] for r in results]
-    add_responses_to_target(results)
+    add_slots_to_target(results)
     paired, buckets = compare_stats.paired_stats(done), compare_stats.replay_buckets(done)
     all_rows = rows + (mean_rows(done) if len({r["seed"] for r in done}) > 1 else [])
     header, cells = table_rows(all_rows, meta.get("row_label", "arm"), tuple(meta.get("skip_columns", ())))
@@ -275,10 +289,10 @@ def write_report(results: list[dict], out_dir: Path, name: str, meta: dict,
     md = [f"# {meta.get('title', 'Comparison')} `{name}`", "", *meta.get("notes", []), "",
           *markdown_tables(all_rows, meta.get("row_label", "arm"), skip)]
     collapsed = compare_stats.collapses(rows)
-    md += compare_stats.markdown(paired, buckets, collapsed)
+    md += compare_stats.markdown(paired, buckets, collapsed, meta.get("row_label", "arm"))
     if not paired and done and prefix == "compare":
         md += ["", compare_stats.unpaired_line(done)]
-    md += staleness_markdown(all_rows)
+    md += staleness_markdown(all_rows, meta.get("row_label", "arm"))
     paths = {"md": f"{stem}.md", "csv": f"{stem}.csv", "json": f"{stem}.json"}
     Path(paths["md"]).write_text("\n".join(md) + "\n")
     with open(paths["csv"], "w", newline="") as f:
@@ -329,7 +343,7 @@ def plot(results: list[dict], out_dir: Path, name: str, prefix: str = "compare")
     return paths
 
 
-_COUNTS = {"responses_generated", "responses_to_target", "responses_per_step_min", "responses_per_step_max", "replayed", "unfilled",
+_COUNTS = {"responses_generated", "slots_to_target", "slots_trained", "experiential", "responses_per_step_min", "responses_per_step_max", "replayed", "unfilled",
            "slots_per_step", "buffer_questions", "buffer_trajectories", "retired", "age_max"}
 
 

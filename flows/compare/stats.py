@@ -16,19 +16,19 @@ PAIRED_METRICS = {
     "heldout_avg": ("final held-out pass@1", "higher is better"),
     "heldout_auc": ("area under the held-out curve (mean pass@1 over steps)", "higher is better"),
     "heldout_gain": ("held-out gain over step 0", "higher is better"),
-    "responses_to_target": ("responses to reach on-policy's final held-out pass@1", "lower is better; only "
-                            "seeds where both arms reached it"),
+    "slots_to_target": ("rollout slots (B·K a step in every arm) to reach on-policy's final held-out pass@1",
+                        "lower is better; only seeds where both arms reached it"),
 }
-LOWER_IS_BETTER = {"responses_to_target"}  # a negative difference is the arm doing better
+LOWER_IS_BETTER = {"slots_to_target"}  # a negative difference is the arm doing better
 # The family Holm's correction runs over: these metrics of every arm in the report (gain repeats the
-# final's difference when the arms share their step-0 evaluation; responses-to-target is secondary)
+# final's difference when the arms share their step-0 evaluation; slots-to-target is secondary)
 HOLM_METRICS = ("heldout_avg", "heldout_auc")
 
 
 def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> dict:
     """{arm: {metric: summary + per-seed differences}} for every arm but the baseline (seed rows only).
 
-    Arm and baseline means are over the seeds in the difference only. Responses-to-target is a time to an
+    Arm and baseline means are over the seeds in the difference only. Slots-to-target is a time to an
     event: a seed where only one arm reached the target is censored, not dropped (`censored`: the paired
     Gehan sign test of exgrpo_core/evaluation/stats.py, its p in `p`); its mean and t-interval are over the
     seeds where both reached it. Verdicts: see `final_verdict`.
@@ -58,15 +58,17 @@ def paired_stats(rows: list[dict], baseline: str = BASELINE, seed: int = 0) -> d
             if why or summary["cause"]:
                 summary = {**summary, "verdict": "no statistic", "cause": why or _value_cause(summary, len(paired))}
             extra = {}
-            if key == "responses_to_target":
-                scores = stats.censored_pair_scores({s: (a[s], by_seed[s].get("responses_generated", math.nan), b[s],
-                                                         per[baseline][s].get("responses_generated", math.nan))
+            if key == "slots_to_target":
+                scores = stats.censored_pair_scores({s: (a[s], by_seed[s].get("slots_trained", math.nan), b[s],
+                                                         per[baseline][s].get("slots_trained", math.nan))
                                                      for s in paired})
                 extra["censored"] = {**stats.censored_sign_test(scores), "scores": {str(s): v for s, v in scores.items()},
                                      "only_arm": sum(not math.isnan(a[s]) and math.isnan(b[s]) for s in paired),
                                      "only_baseline": sum(math.isnan(a[s]) and not math.isnan(b[s]) for s in paired),
                                      "neither": sum(math.isnan(a[s]) and math.isnan(b[s]) for s in paired)}
+                t = _lower_is_better(summary)  # the t-interval over the seeds where both reached it
                 summary = {**summary, "p": math.nan if why else extra["censored"]["p"], "p_signflip": math.nan,
+                           "p_t": t["p"], "t_verdict": t["verdict"],
                            "ahead": extra["censored"]["earlier"], "behind": extra["censored"]["later"],
                            "verdict": "no statistic" if why else _censored_verdict(summary, extra["censored"]),
                            "cause": why}  # the censored test needs no two seeds where both reached the target
@@ -162,6 +164,9 @@ def final_verdict(s: dict, p_holm_key: str = "p_holm") -> str:
         return f"hint: {v} (uncorrected p {_p(s['p'])}; {why})"
     if v == "null" and "censored" in s:
         c = s["censored"]
+        if s.get("t_verdict") in ("ahead", "behind"):  # the interval shown excludes 0: a hint, as the legend says
+            return (f"hint: {s['t_verdict']} (t-interval over the {s['n']} seeds both reached excludes 0, uncorrected "
+                    f"p (t) {_p(s.get('p_t'))}; censored sign test p {_p(s['p'])}; not in the corrected family)")
         return (f"null (censored sign test p {_p(s['p'])})" if c["earlier"] + c["later"]
                 else f"null: no pair ordered ({c['undetermined']} tied or censored)")
     if v == "null":
@@ -209,7 +214,7 @@ def collapses(rows: list[dict], baseline: str = BASELINE) -> dict:
         only_base = sum(base[s] and not by_seed[s] for s in paired)
         out[arm] = {"runs": len(by_seed), "collapsed": sum(by_seed.values()), "paired_seeds": len(paired),
                     "only_arm": only_arm, "only_baseline": only_base,
-                    "p_mcnemar": stats.mcnemar_exact(only_arm, only_base) if arm != baseline else math.nan}
+                    "p_mcnemar": stats.mcnemar_exact(only_arm, only_base) if arm != baseline and base else math.nan}
     return out
 
 
@@ -233,42 +238,50 @@ def replay_buckets(rows: list[dict]) -> dict:
     return out
 
 
-def markdown(paired: dict, buckets: dict, collapsed: dict | None = None) -> list[str]:
-    """The statistics section of the comparison's Markdown."""
-    lines = _collapse_lines(collapsed) if collapsed and any(c["collapsed"] for c in collapsed.values()) else []
+def markdown(paired: dict, buckets: dict, collapsed: dict | None = None, label: str = "arm") -> list[str]:
+    """The statistics section of the comparison's Markdown; `label` heads the rows' column (a sweep's are grid
+    points). Row names are escaped (flows/compare/report.py md_escape)."""
+    from flows.compare.report import md_escape
+
+    lines = _collapse_lines(collapsed, label) if collapsed and any(c["collapsed"] for c in collapsed.values()) else []
     lines += [] if not paired else ["", "## Paired against on_policy", "", *paired_legend(_family(paired)), "",
              "| " + " | ".join(PAIRED_MAIN) + " |", "|---|---|---:|---:|---|---:|---|"]
     rows = [(arm, key, dict(zip(PAIRED_HEADER, _summary_list(s, key)))) for arm, metrics in paired.items()
             for key, s in metrics.items()]
-    lines += [f"| {arm} | {PAIRED_METRICS[key][0]} | " + " | ".join(c[h] for h in PAIRED_MAIN[2:]) + " |"
+    lines += [f"| {md_escape(arm)} | {PAIRED_METRICS[key][0]} | " + " | ".join(c[h] for h in PAIRED_MAIN[2:]) + " |"
               for arm, key, c in rows]
     if paired:
         lines += ["", "### Paired details", "", "| " + " | ".join(PAIRED_DETAIL) + " |", "|---|---|---:|---:|---|---:|---:|---|"]
-        lines += [f"| {arm} | {PAIRED_METRICS[key][0]} | " + " | ".join(c[h] for h in PAIRED_DETAIL[2:]) + " |"
-                  for arm, key, c in rows]
-        lines += ["", "`seeds` = seeds in the statistic / paired seeds. Responses-to-target: the means, difference and "
-                  "t-interval are over the seeds where both arms reached on-policy's final mean (a lower number is "
-                  "better); a seed where only one arm reached it is censored, not dropped: `p (t)` there is the paired "
-                  "Gehan (censored sign) test over all paired seeds, each run censored at the pair's smaller response "
-                  "count, and `seeds ahead / behind` count the pairs where the arm reached the target first / later "
-                  f"({_censored_counts(paired)})."]
+        lines += [f"| {md_escape(arm)} | {PAIRED_METRICS[key][0]} | " + " | ".join(c[h] for h in PAIRED_DETAIL[2:])
+                  + " |" for arm, key, c in rows]
+        lines += ["", "`seeds` = seeds in the statistic / paired seeds. Slots-to-target: rollout slots trained on (B·K "
+                  "a step, the same in every arm, so a replay arm is not credited with the response it does not "
+                  "generate per experiential question) until the first evaluation at or above on-policy's final mean. "
+                  "The means, difference and t-interval are over the seeds where both arms reached it (a lower number "
+                  "is better); a seed where only one arm reached it is censored, not dropped: `p (t)` there is the "
+                  "paired Gehan (censored sign) test over all paired seeds, each run censored at the pair's smaller "
+                  "slot count, and `seeds ahead / behind` count the pairs where the arm reached the target first / "
+                  f"later ({_censored_counts(paired)}). Its verdict is the censored test's, a `hint` when only the "
+                  "t-interval excludes 0."]
     if buckets:
         lines += ["", "## Replays by source bucket", "",
-                  "Experiential questions by the bucket k (correct of K in the question's previous group) they were "
-                  "drawn from, summed over seeds, against the arm's target share w(k/K) normalised over k = 1..K-1. "
-                  "A share below target: that bucket was often empty (its weight went to the others); the second "
-                  "line per arm is the bucket's size, questions whose latest group had k correct, averaged over "
-                  "steps and seeds.", "",
-                  "Cells: replayed (share vs target).", ""]
+                  "Experiential questions drawn, by the bucket k (correct of K in the question's previous group) they "
+                  "were drawn from, summed over seeds, against the target share w(k/K) normalised over k = 1..K-1. "
+                  "Every drawn question counts, with or without its replayed trajectory: `drawn` is the rollout "
+                  "budget table's `experiential questions` (= `replayed` + `unfilled replay slots`) summed over "
+                  "seeds. A share below target: that bucket was often empty (its weight went to the others); the "
+                  f"second line per {label} is the bucket's size, questions whose latest group had k correct, "
+                  "averaged over steps and seeds.", "",
+                  "Cells: drawn (share vs target).", ""]
         ks = sorted({r["k"] for rs in buckets.values() for r in rs})
-        lines += ["| arm | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+        lines += [f"| {label} | " + " | ".join(f"k={k}" for k in ks) + " | drawn |", "|---|" + "---|" * (len(ks) + 1)]
         for arm, rs in buckets.items():
             by_k = {r["k"]: r for r in rs}
-            lines.append(f"| {arm} | " + " | ".join(
+            lines.append(f"| {md_escape(arm)} | " + " | ".join(
                 f"{by_k[k]['replayed']:.0f} ({_f(by_k[k]['share'], 2)} vs {_f(by_k[k]['target'], 2)})"
-                if k in by_k else "—" for k in ks) + " |")
-            lines.append(f"| {arm}: mean questions in bucket | " + " | ".join(
-                _f(by_k[k].get("occupancy", math.nan), 1) if k in by_k else "—" for k in ks) + " |")
+                if k in by_k else "—" for k in ks) + f" | {sum(r['replayed'] for r in rs):.0f} |")
+            lines.append(f"| {md_escape(arm)}: mean questions in bucket | " + " | ".join(
+                _f(by_k[k].get("occupancy", math.nan), 1) if k in by_k else "—" for k in ks) + " | |")
     return lines
 
 
@@ -278,13 +291,21 @@ def paired_legend(family: int, scope: str = "this table") -> list[str]:
             "Mean difference over the paired seeds, 95% Student-t interval and percentile bootstrap interval "
             f"(resampling seeds; marked `(n < {stats.MIN_BOOTSTRAP_SEEDS})` where too few seeds make it too narrow). "
             "`p (t)`: the paired t-test; `p sign-flip`: the sign-flip permutation test (exact up to "
-            f"{stats.SIGN_FLIP_EXACT_MAX} seeds, else Monte Carlo, marked `~`); `p Holm`: Holm's correction of "
-            f"`p (t)` over the {family} final and area comparisons of {scope} (every arm, both metrics). The "
-            "verdict uses the corrected p: `ahead` / `behind` only at p Holm < 0.05; a difference whose interval "
+            f"{stats.SIGN_FLIP_EXACT_MAX} seeds, else Monte Carlo, marked `~`); {_holm_scope(family, scope)}. The "
+            "verdict uses the corrected p: `ahead` / `behind` only at p Holm < 0.05; a difference whose t-interval "
             "excludes 0 before correction only, or a metric outside the corrected family, is a `hint` with its "
-            "uncorrected p; `null: |diff| < b at 95%` means the data do not tell the arms apart and the interval "
+            "uncorrected p; `null: |diff| < b at 95%` means the data do not tell the arms apart and the t-interval "
             "still allows a difference up to b either way; `no statistic: ...` names why a row has no interval or test "
             "(no held-out or step-0 evaluation, fewer than 2 paired seeds with a value, zero variance)."]
+
+
+def _holm_scope(family: int, scope: str) -> str:
+    """The legend's `p Holm` sentence: the family's size, or that there was nothing to correct."""
+    if family == 0:
+        return (f"`p Holm`: Holm's correction of `p (t)` over the final and area comparisons of {scope}; none "
+                "of them has a `p (t)` here, so nothing is corrected (—)")
+    return (f"`p Holm`: Holm's correction of `p (t)` over the {family} final and area "
+            f"comparison{'' if family == 1 else 's'} of {scope} with a `p (t)` (every arm, both metrics)")
 
 
 PAIRED_HEADER = ("seeds", "arm mean", "on_policy mean", "mean diff", "95% t-interval", "95% bootstrap", "p (t)",
@@ -301,22 +322,26 @@ def summary_cells(s: dict, key: str = "", verdict_key: str = "final_verdict", p_
 
 
 def _summary_list(s: dict, key: str = "", verdict_key: str = "final_verdict", p_holm_key: str = "p_holm") -> list[str]:
-    digits = 0 if key == "responses_to_target" else 3
+    digits = 0 if key == "slots_to_target" else 3
     boot = f"{_f(s['boot_lo'], digits, True)} .. {_f(s['boot_hi'], digits, True)}"
     if s.get("boot_few") and s["n"] >= 2 and not s.get("cause"):
         boot += f" (n < {stats.MIN_BOOTSTRAP_SEEDS})"
     flip = _p(s.get("p_signflip"))
     flip = flip if s.get("signflip_exact", True) or flip == "—" else f"~{flip}"
-    verdict = s.get(verdict_key, s["verdict"]).replace("|", "\\|")
+    from flows.compare.report import md_escape
+
+    verdict = md_escape(s.get(verdict_key, s["verdict"]))  # it names arms and causes: shown as written
     return [f"{s['n']}/{s['paired_seeds']}", _f(s["arm_mean"], digits), _f(s["baseline_mean"], digits),
             _f(s["mean"], digits, True), f"{_f(s['t_lo'], digits, True)} .. {_f(s['t_hi'], digits, True)}",
             boot, _p(s.get("p")), flip, _p(s.get(p_holm_key)), f"{s['ahead']} / {s['behind']}", verdict]
 
 
 def _censored_counts(paired: dict) -> str:
-    return "; ".join(f"{arm}: {c['only_arm']} seed(s) only the arm reached it, {c['only_baseline']} only on_policy, "
+    from flows.compare.report import md_escape
+
+    return "; ".join(f"{md_escape(arm)}: {c['only_arm']} seed(s) only the arm reached it, {c['only_baseline']} only on_policy, "
                      f"{c['neither']} neither" for arm, m in paired.items()
-                     for c in [m.get("responses_to_target", {}).get("censored")] if c)
+                     for c in [m.get("slots_to_target", {}).get("censored")] if c)
 
 
 def _family(paired: dict) -> int:
@@ -330,18 +355,20 @@ def _p(p) -> str:
     return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def _collapse_lines(collapsed: dict) -> list[str]:
+def _collapse_lines(collapsed: dict, label: str = "arm") -> list[str]:
+    from flows.compare.report import md_escape
+
     lines = ["", "## Collapsed runs", "",
              f"A run collapsed when its final held-out pass@1 is below {COLLAPSE_FRACTION:g} x its step-0 value. "
              "Against on_policy on paired seeds: the seeds where only one of the two collapsed, and the exact "
              "McNemar test on them (`null` when p >= 0.05: no difference in collapses shown).", "",
-             "| arm | collapsed / runs | paired seeds | only this arm | only on_policy | McNemar p | verdict |",
+             f"| {label} | collapsed / runs | paired seeds | only this {label} | only on_policy | McNemar p | verdict |",
              "|---|---|---:|---:|---:|---:|---|"]
     for arm, c in collapsed.items():
         p = c["p_mcnemar"]
         verdict = ("—" if math.isnan(p) else "null" if p >= 0.05
                    else "fewer collapses" if c["only_arm"] < c["only_baseline"] else "more collapses")
-        lines.append(f"| {arm} | {c['collapsed']} / {c['runs']} | {c['paired_seeds']} | {c['only_arm']} | "
+        lines.append(f"| {md_escape(arm)} | {c['collapsed']} / {c['runs']} | {c['paired_seeds']} | {c['only_arm']} | "
                      f"{c['only_baseline']} | {_f(p, 3)} | {verdict} |")
     return lines
 

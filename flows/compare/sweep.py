@@ -65,8 +65,9 @@ def sweep(preset: str = "tiny", grid: list[str] = [], overrides: list[str] | Non
         results = par.run_children(children, target, name, preset, parent.run_id)
         out_dir = Path(base.run.output_dir).resolve() / name
         where = par.report_dir(results, out_dir, name, prefix="sweep")  # never over a report of finished children
-        paths = write_sweep_report(results, where, name,
-                                   _meta(base, preset, grid, overrides, seeds, name, evaluate, target))
+        meta = _meta(base, preset, grid, overrides, seeds, name, evaluate, target)
+        meta["notes"].append(par.note(results, target, "sweep"))  # where the children came from
+        paths = write_sweep_report(results, where, name, meta)
         for path in paths.values() if where == out_dir else ():  # the parent run keeps that report too
             parent.mlflow.MlflowClient().log_artifact(parent.run_id, path)
         _publish(name, paths["md"], complete=where == out_dir, kind="sweep")
@@ -101,9 +102,8 @@ def _meta(base, preset: str, grid: list[str], overrides, seeds, name: str, evalu
     notes = [f"Command: `{shlex.join(cmd)}`", "",
              f"Preset `{preset}`, {base.run.steps} steps, B={B} x K={K}; one row per grid point and seed, and a "
              "mean row per grid point over its finished seeds. Rewards are the last step's values (`mean reward`: "
-             "over all steps); held-out columns come from the final evaluation when the config names held-out data.",
-             par.NOTE.format(deployment=target.deployment, queue=target.queue)]
-    return {"title": "Sweep", "row_label": "grid point", "skip_columns": ["responses_to_target", "paper_id_avg"],
+             "over all steps); held-out columns come from the final evaluation when the config names held-out data."]
+    return {"title": "Sweep", "row_label": "grid point", "skip_columns": ["slots_to_target", "paper_id_avg"],
             "preset": preset, "grid": list(grid),
             "overrides": list(overrides or []), "seeds": parse_seeds(seeds), "steps": base.run.steps,
             "evaluate": evaluate, "command": shlex.join(cmd), "notes": notes}

@@ -137,7 +137,7 @@ def test_rows_budget_and_files_match_the_stored_metrics(tmp_path):
     paths = report.write_report(results, tmp_path / "out", "t", {"notes": ["hello"], "preset": "tiny"})
     md = Path(paths["md"]).read_text()
     assert "| exgrpo | 0 | 0.500 | — | — | — | 185 | — | yes |" in md  # the main table; details below
-    assert "| exgrpo | 0 | 60 | 64 | 6 | 1 | 64 | yes |" in md and "| exgrpo | 0 | 0.300 | 0.250 | 4 | 6 | 2 | 48.3 |" in md
+    assert "| exgrpo | 0 | 60 | 64 | 6 | 1 | 7 | 64 | yes |" in md and "| exgrpo | 0 | 0.300 | 0.250 | 4 | 6 | 2 | 48.3 |" in md
     doc = json.loads(Path(paths["json"]).read_text())
     assert doc["rows"][0]["run_id"] == a and doc["curves"]["exgrpo/s0"]["rollout/reward_mean"] == [0.1, 0.3, 0.5]
     assert doc["rows"][0]["heldout_avg"] is None  # NaN -> null: standard JSON
@@ -178,7 +178,7 @@ def test_held_out_columns_come_from_the_latest_stored_evaluation(tmp_path):
     store.close()
 
 
-def test_responses_to_reach_on_policy_final_held_out(tmp_path):
+def test_slots_to_reach_on_policy_final_held_out(tmp_path):
     store = ExperienceStore(f"sqlite:///{tmp_path / 'e.db'}")
     plan = [(8, 0, 0)] * 4  # 64 generated per step: cumulative 64, 128, 192, 256
     evals = {"on_policy": [[(1, 0.2), (3, 0.4)], [(1, 0.3), (3, 0.5)]],  # target: final mean 0.45
@@ -192,12 +192,12 @@ def test_responses_to_reach_on_policy_final_held_out(tmp_path):
             results.append(report.arm_result(store, run, arm, seed, 64, None))
     assert results[0]["curves"]["heldout_responses"] == [128, 256]
     assert results[0]["curves"]["heldout_pass1"] == [0.2, 0.4]
-    assert report.add_responses_to_target(results) == pytest.approx(0.45)
-    reach = [r["row"]["responses_to_target"] for r in results]
+    assert report.add_slots_to_target(results) == pytest.approx(0.45)
+    reach = [r["row"]["slots_to_target"] for r in results]  # 64 slots a step: after step 3, 4 x 64
     assert math.isnan(reach[0]) and reach[1:3] == [256, 128] and math.isnan(reach[3])
     means = {m["arm"]: m for m in report.mean_rows([r["row"] for r in results])}
-    assert math.isnan(means["exgrpo"]["responses_to_target"]), "a seed that never reached it makes the mean never"
-    assert math.isnan(means["on_policy"]["responses_to_target"])
+    assert math.isnan(means["exgrpo"]["slots_to_target"]), "a seed that never reached it makes the mean never"
+    assert math.isnan(means["on_policy"]["slots_to_target"])
     paths = report.write_report(results, tmp_path / "out", "h", {})
     assert Path(paths["png_heldout"]).read_bytes()[:4] == b"\x89PNG"
     store.close()

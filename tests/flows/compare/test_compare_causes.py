@@ -23,7 +23,7 @@ NAN = math.nan
 
 def _row(arm, seed, final, start=NAN, auc=NAN, reach=NAN):
     return {"arm": arm, "seed": seed, "heldout_avg": final, "heldout_start": start, "heldout_auc": auc,
-            "responses_to_target": reach, "replay_buckets": {}, "target_weights": {}, "bucket_occupancy": {}}
+            "slots_to_target": reach, "replay_buckets": {}, "target_weights": {}, "bucket_occupancy": {}}
 
 
 def _verdicts(rows, arm="exgrpo") -> dict:
@@ -132,10 +132,10 @@ def test_the_report_splits_the_wide_table_and_the_csv_keeps_every_column(tmp_pat
     tables = _tables(md)
     assert max(len(h) for h in tables) <= report.MAX_COLUMNS
     assert tables[0] == ["arm", "seed", "final reward", "held-out pass@1 avg", "held-out at step 0", "held-out AUC",
-                         "responses generated", "responses to on-policy final held-out", "budget ok"]
+                         "responses generated", "slots to on-policy final held-out", "budget ok"]
     shown = {c for h in tables for c in h}
     header = Path(paths["csv"]).read_text().splitlines()[0].split(",")
-    assert len(header) == 20 + len(benches) and set(header) <= shown  # every CSV column is in some table
+    assert len(header) == 21 + len(benches) and set(header) <= shown  # every CSV column is in some table
     assert "### Held-out pass@1 per benchmark (2)" in md and "### Rollout budget" in md
     assert "| exgrpo | mean | 0.250 | 0.100 | — | — | 64 | — | yes |" in md
     store.close()

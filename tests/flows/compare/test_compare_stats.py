@@ -70,7 +70,7 @@ def test_step_zero_evaluation_area_and_per_question_results(tmp_path):
 
 def _row(arm, seed, final, start, auc, reach, buckets=None):
     return {"arm": arm, "seed": seed, "heldout_avg": final, "heldout_start": start, "heldout_auc": auc,
-            "responses_to_target": reach, "replay_buckets": buckets or {}, "target_weights": {1: 1.0, 2: 3.0},
+            "slots_to_target": reach, "replay_buckets": buckets or {}, "target_weights": {1: 1.0, 2: 3.0},
             "bucket_occupancy": {1: seed + 1.0, 2: 10.0 * seed}}
 
 
@@ -86,7 +86,7 @@ def test_paired_statistics_against_on_policy_use_matched_seeds_only():
     assert final["differences"] == pytest.approx({"0": 0.1, "1": 0.06, "2": 0.05})
     assert final["verdict"] == "ahead" and final["t_lo"] > 0 and final["arm_mean"] == pytest.approx(0.62)
     assert p["heldout_gain"]["mean"] == pytest.approx(final["mean"])  # equal starts: gain difference = final's
-    reach = p["responses_to_target"]  # seed 1: on_policy never reached -> differences on seeds 0 and 2
+    reach = p["slots_to_target"]  # seed 1: on_policy never reached -> differences on seeds 0 and 2
     assert reach["n"] == 2 and reach["differences"] == {"0": -320.0, "2": -160.0}
     # the means are over those two seeds only: (320 + 160) / 2 and (640 + 320) / 2, not over every seed
     assert reach["arm_mean"] == pytest.approx(240.0) and reach["baseline_mean"] == pytest.approx(480.0)
@@ -108,7 +108,7 @@ def test_paired_statistics_against_on_policy_use_matched_seeds_only():
     assert final["holm_family"] == 2 and final["p_holm"] >= final["p"]
     ps = {k: p[k]["p"] for k in compare_stats.HOLM_METRICS}
     assert max(p[k]["p_holm"] for k in ps) == pytest.approx(max(min(1.0, 2 * min(ps.values())), max(ps.values())))
-    assert "p_holm" not in p["responses_to_target"]
+    assert "p_holm" not in p["slots_to_target"]
     assert "over the 2 final and area comparisons" in md
     assert "| exgrpo | 2 (0.25 vs 0.25) | 6 (0.75 vs 0.75) |" in md
     assert "| exgrpo: mean questions in bucket | 2.5 | 15.0 |" in md  # seeds 0-3: (1+2+3+4)/4, (0+10+20+30)/4
@@ -191,6 +191,6 @@ def test_holm_across_comparisons_corrects_over_the_whole_family():
 def test_pairs_that_all_tie_at_the_target_are_a_null_not_too_few_seeds():
     rows = [_row("on_policy", s, 0.01, 0.3, 0.1, 0.0) for s in range(3)]  # both arms "reach" it at step 0
     rows += [_row("exgrpo", s, 0.02, 0.3, 0.1, 0.0) for s in range(3)]
-    reach = compare_stats.paired_stats(rows)["exgrpo"]["responses_to_target"]
+    reach = compare_stats.paired_stats(rows)["exgrpo"]["slots_to_target"]
     assert reach["censored"]["undetermined"] == 3 and math.isnan(reach["p"])
     assert reach["final_verdict"] == "null: no pair ordered (3 tied or censored)"

@@ -71,8 +71,8 @@ def test_the_table_marks_children_that_did_not_finish_and_leaves_them_out_of_the
     results = [par.collect(k, s) for k, s in zip(kids, ("finished", "finished", "failed", "cancelled"))]
     assert [r["row"]["status"] for r in results] == ["finished", "finished", "failed", "cancelled"]
     assert results[0]["row"]["final_reward"] == 0.2 and results[0]["row"]["run_id"]
-    meta = {"title": "Sweep", "row_label": "grid point", "skip_columns": ["responses_to_target", "paper_id_avg"],
-            "notes": [par.NOTE.format(deployment="d", queue="q")]}
+    meta = {"title": "Sweep", "row_label": "grid point", "skip_columns": ["slots_to_target", "paper_id_avg"],
+            "notes": [par.note(results, par.Target("d", queue="q"), "sweep")]}
     paths = report.write_report(results, tmp_path / "out", "sw", meta, prefix="sweep")
     md = Path(paths["md"]).read_text()
     assert Path(paths["md"]).name == "sweep_sw.md" and md.startswith("# Sweep `sw`")
