@@ -105,6 +105,8 @@ def test_parallel_reads_back_a_sequential_compare_and_a_failed_one_keeps_its_rep
     with open(report) as f:
         assert {r["status"] for r in csv.DictReader(f)} == {"finished"}
     good_md = Path(seq["files"]["md"]).read_text()
+    assert "2 of 2 children were read back from the experience database, trained before outside the " \
+        "deployment" in good_md and "ran as flow runs" not in good_md  # where they came from, not a claim
     assert _artifact(f"exgrpo-{name}-comparison") == good_md  # the table in Prefect, not a log line
 
     code, out, cancelled = _run_cancelling_new_children([*cmd, "--seeds", "0-1"], env, name, 2)
