@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import pandas as pd
 from sqlalchemy import Connection, Integer, and_, case, cast, func, literal, or_, select, text
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import aliased
 
 from exgrpo_core import metrics as M
 from exgrpo_core.algorithm.selection import PER_QUESTION, SelectionError, bucket_weights
@@ -137,6 +138,33 @@ def replay_ratio(url: str, run_id: str) -> float | None:
     return None if value is None else float(value)
 
 
+def continuous_rewards(url: str, run_id: str) -> bool:
+    """Whether the run trained on continuous rewards (its stored reward.kind; auto: a reward.fn / url)."""
+    with reading(url, "the run's config") as conn:
+        row = conn.execute(select(Run.config_json).where(Run.id == run_id)).one_or_none() if conn is not None else None
+    try:
+        reward = json.loads((row[0] if row else None) or "{}").get("reward", {})
+    except ValueError:
+        return False
+    kind = reward.get("kind", "auto")
+    return kind == "continuous" or (kind == "auto" and bool(reward.get("fn") or reward.get("url")))
+
+
+def succeeded(T, continuous: bool):
+    """A stored rollout counted as a success: correct (reward > 0), or with continuous rewards above the
+    mean reward of its group (the fresh rollouts of its question verified at the same step)."""
+    if not continuous:
+        return T.reward > 0
+    other = aliased(Trajectory)
+    mean = (select(func.avg(other.reward)).where(other.run_id == T.run_id, other.question_id == T.question_id,
+                                                 other.collected_step == T.collected_step).scalar_subquery())
+    return T.reward > mean
+
+
+SUCCESS_LABELS = {False: ("correct", "incorrect"), True: ("above group mean", "at or below group mean")}
+"""What the two sides of `succeeded` are called on the pages."""
+
+
 def target_weights(url: str, run_id: str) -> tuple[dict[int, float], str]:
     """The run's question-selection weights w(k/K), k = 1..K-1 (`selection.bucket_weights` on the run's stored
     config), normalised to sum 1, and the weighting's name; ({}, reason) when they cannot be derived."""
@@ -147,7 +175,8 @@ def target_weights(url: str, run_id: str) -> tuple[dict[int, float], str]:
         return {}, "unknown run"
     try:
         sel = SelectionConfig.model_validate(json.loads(row[0] or "{}").get("selection", {}))
-        w = bucket_weights(int(row[1]), sel.question_weighting, sel.sigma, sel.sigma_unit, sel.mu)
+        w = bucket_weights(int(row[1]), sel.question_weighting, sel.sigma, sel.sigma_unit, sel.mu,
+                           top=continuous_rewards(url, run_id))
     except (ValueError, SelectionError) as e:
         return {}, f"the stored config gives no weights ({str(e).splitlines()[0]})"
     if sel.question_weighting in PER_QUESTION:
@@ -180,10 +209,10 @@ def _agg(col) -> tuple:
     return func.count(), func.sum(col), func.sum(col * col), func.min(col), func.max(col)
 
 
-def entropy_histogram(url: str, run_id: str, lo: int, hi: int, by: str) -> pd.DataFrame:
+def entropy_histogram(url: str, run_id: str, lo: int, hi: int, by: str, continuous: bool = False) -> pd.DataFrame:
     """Fixed-width (BIN_WIDTH) entropy histogram of trajectories generated at step numbers lo..hi.
 
-    `by`: "correct" (reward > 0 vs not), "bucket" (k of the group the trajectory was verified in),
+    `by`: "correct" (`succeeded` vs not), "bucket" (k of the group the trajectory was verified in),
     "source" (fresh rollouts vs replays, the latter with entropy under the policy at replay time).
     Returns [group, bin, n, sum, sumsq, lo, hi] (lo/hi: the bin's smallest and largest entropy): the page
     merges bins and derives means, spreads and each group's exact range.
@@ -191,8 +220,9 @@ def entropy_histogram(url: str, run_id: str, lo: int, hi: int, by: str) -> pd.Da
     T, G, R = Trajectory, GroupResultRow, Replay
     lo, hi = index_of(lo), index_of(hi)
     in_range = and_(T.run_id == run_id, T.step >= lo, T.step <= hi, T.entropy.is_not(None))
+    yes, no = SUCCESS_LABELS[continuous]
     if by == "correct":
-        group = case((T.reward > 0, "correct"), else_="incorrect")
+        group = case((succeeded(T, continuous), yes), else_=no)
         stmts = [select(group, _bin(T.entropy), *_agg(T.entropy))
                  .where(in_range).group_by(*BY_FIRST_TWO)]
     elif by == "bucket":
@@ -200,7 +230,7 @@ def entropy_histogram(url: str, run_id: str, lo: int, hi: int, by: str) -> pd.Da
                  .join(G, and_(G.run_id == T.run_id, G.question_id == T.question_id, G.step == T.collected_step))
                  .where(in_range).group_by(*BY_FIRST_TWO)]
     elif by == "source":
-        fresh = case((T.reward > 0, "fresh correct"), else_="fresh incorrect")
+        fresh = case((succeeded(T, continuous), f"fresh {yes}"), else_=f"fresh {no}")
         stmts = [select(fresh, _bin(T.entropy), *_agg(T.entropy))
                  .where(in_range).group_by(*BY_FIRST_TWO),
                  select(literal("replayed"), _bin(R.entropy), *_agg(R.entropy))
@@ -282,25 +312,25 @@ def question_groups(url: str, run_id: str, question_id: int) -> pd.DataFrame:
 
 def question_trajectories(url: str, run_id: str, question_id: int, *, correct: bool | None = None,
                           replayed: bool | None = None, offset: int = 0,
-                          limit: int = PAGE_SIZE) -> tuple[pd.DataFrame, int]:
+                          limit: int = PAGE_SIZE, continuous: bool = False) -> tuple[pd.DataFrame, int]:
     """One page of the question's stored trajectories (newest first) and how many match in total.
 
-    correct: reward > 0 (True) or not (False); replayed: replayed at least once (True) or never (False).
+    correct: `succeeded` (True) or not (False); replayed: replayed at least once (True) or never (False).
     """
     T = Trajectory
     cols = ["id", "step", "collected_step", "reward", "entropy", "length", "truncated", "in_pool", "retired",
             "times_replayed", "last_replayed_step", "text"]
     where = [T.run_id == run_id, T.question_id == question_id]
     if correct is not None:
-        where.append(T.reward > 0 if correct else T.reward <= 0)
+        where.append(succeeded(T, continuous) if correct else ~succeeded(T, continuous))
     if replayed is not None:
         where.append(T.times_replayed > 0 if replayed else T.times_replayed == 0)
-    page = (select(*(getattr(T, c) for c in cols)).where(*where)  # newest group first, so a page holds whole groups
+    page = (select(*(getattr(T, c) for c in cols), succeeded(T, continuous)).where(*where)  # newest group first
             .order_by(T.collected_step.desc(), T.id.desc()).limit(limit).offset(offset))
     with reading(url, "trajectories") as conn:
-        rows = _frame(conn, page, cols)
+        rows = _frame(conn, page, cols + ["succeeded"])
         n = int(conn.execute(select(func.count()).select_from(T).where(*where)).scalar_one()) if conn is not None else 0
-    for c in ("truncated", "in_pool", "retired"):
+    for c in ("truncated", "in_pool", "retired", "succeeded"):
         rows[c] = rows[c].astype(bool)
     return numbered(rows, "step", "collected_step", "last_replayed_step"), n
 

@@ -47,7 +47,9 @@ def _headline(run, m: pd.DataFrame, label: str | None, ratio: float | None) -> N
                 "empty, or `buffer.replay_ratio` is 0 (plain on-policy GRPO).")
 
 
-def _buckets(m: pd.DataFrame, chosen: pd.DataFrame, K: int) -> None:
+def _buckets(m: pd.DataFrame, chosen: pd.DataFrame, K: int, continuous: bool = False) -> None:
+    if continuous:
+        return _spread_buckets(m, chosen, K)
     st.subheader("Correctness buckets")
     left, right = st.columns([1, 2])
     ends = left.toggle(f"show k = 0 and k = {K}", key=ui.option("ends", False, parse=ui.flag),
@@ -74,6 +76,24 @@ def _buckets(m: pd.DataFrame, chosen: pd.DataFrame, K: int) -> None:
                f"{K}; k = {K} questions are retired, k = 0 ones carry no signal"
                + ("" if ends else f" (both hidden: switch on 'show k = 0 and k = {K}')") +
                ". The paper replays medium buckets most (Gaussian weights centred on Acc = 0.5).")
+
+
+def _spread_buckets(m: pd.DataFrame, chosen: pd.DataFrame, K: int) -> None:
+    """Continuous rewards: buckets 0..K are the normalised reward spread of each question's latest group."""
+    st.subheader("Reward-spread buckets")
+    b = m[m.key.str.startswith("buffer/bucket_")]
+    b = b.assign(k=b.key.str.rsplit("_", n=1).str[1].astype(int), questions=b.value)
+    b = b[b.k > 0]
+    title = "questions per bucket (round(normalised reward spread x K))"
+    top = float(b["questions"].max()) if len(b) else 0.0
+    for col, run in zip(st.columns(len(chosen)), chosen.itertuples()):
+        d = b[b.run_id == run.id][["step", "k", "questions"]]
+        label = f"{run.name}: {title}" if len(chosen) > 1 else title
+        col.altair_chart(charts.buckets(d, K, _start(run), False, label, y_max=top or None), width="stretch")
+    st.caption(f"Continuous rewards: bucket = round(max((σ - σ_min) / (σ_max - σ_min), ε) × {K}), σ the spread of a "
+               f"question's latest group's rewards over the step's questions; bucket {K} holds the most spread "
+               "groups (drawable, not retired), bucket 0 (hidden) the flattest. Retired questions (every reward 1) "
+               "are counted in the retired set, not here (docs/rewards.md).")
 
 
 def _replay_targets(url: str, chosen: pd.DataFrame, names: dict[str, str]) -> None:
@@ -149,7 +169,7 @@ def body(url: str, chosen: pd.DataFrame, names: dict[str, str]) -> None:
     trajs, colour, _ = _curves(m, {M.BUFFER_TRAJECTORIES: SIZES[M.BUFFER_TRAJECTORIES]}, multi)
     right.altair_chart(charts.lines(trajs, "value", colour, "trajectories in the replay pool", "trajectories",
                                     start), width="stretch")
-    _buckets(m, chosen, K)
+    _buckets(m, chosen, K, any(ui.continuous_rewards(url, rid) for rid in chosen["id"]))
     _replay_targets(url, chosen, names)
 
     now = pd.concat([ui.buffer_now(url, run_id).assign(run=names[run_id]) for run_id in chosen["id"]],

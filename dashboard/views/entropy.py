@@ -14,7 +14,8 @@ STATS_FORMAT = {c: st.column_config.NumberColumn(format="%.4f") for c in ("mean 
 
 def histograms(url: str, chosen: pd.DataFrame, names: dict[str, str], lo: int, hi: int, by: str) -> pd.DataFrame:
     """The runs' SQL histograms, with a `run` column when there are several."""
-    parts = [ui.entropy_histogram(url, rid, lo, hi, by).assign(run=names[rid]) for rid in chosen["id"]]
+    parts = [ui.entropy_histogram(url, rid, lo, hi, by, ui.continuous_rewards(url, rid)).assign(run=names[rid])
+             for rid in chosen["id"]]
     hist = pd.concat(parts, ignore_index=True)
     return hist if len(chosen) > 1 else hist.drop(columns="run")
 
@@ -88,7 +89,11 @@ def body(url: str, chosen: pd.DataFrame, names: dict[str, str]) -> None:
                "the policy at replay time. Each histogram reads every trajectory of the range (from an index), so a "
                "wide range on a run with a million trajectories takes seconds.")
 
-    st.subheader("Correct vs incorrect")
+    continuous = any(ui.continuous_rewards(url, rid) for rid in chosen["id"])
+    st.subheader("Above vs at or below the group's mean reward" if continuous else "Correct vs incorrect")
+    if continuous:
+        st.caption("Continuous rewards: a rollout counts as a success (stored as experience) when its reward is "
+                   "above the mean of its group's; buckets are reward-spread buckets (docs/rewards.md).")
     _section(url, chosen, names, lo, hi, "correct", "fresh rollouts by reward")
     st.subheader("Fresh vs replayed")
     hist = _section(url, chosen, names, lo, hi, "source", "fresh rollouts and replayed experience")

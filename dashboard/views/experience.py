@@ -16,6 +16,7 @@ TRAJECTORIES_PER_PAGE = 20
 ANY = "any"
 RETIRED = {ANY: None, "yes": True, "no": False}
 CORRECT = {ANY: None, "correct": True, "incorrect": False}
+CONTINUOUS = {ANY: None, "above group mean": True, "at or below group mean": False}  # continuous rewards
 REPLAYED = {ANY: None, "replayed": True, "never replayed": False}
 ORDERS = ["replayed", "latest step", "bucket", "uid"]
 TABLE_KEY = "question_table"
@@ -74,12 +75,15 @@ def _group_header(step: int, groups: pd.DataFrame, K: int, shown: int) -> str:
 
 def _trajectories(url: str, run_id: str, qid: int, groups: pd.DataFrame, K: int) -> None:
     c = st.columns([1, 1, 3])
-    correct = _choice("trajectories", "correct", list(CORRECT), c[0])
+    continuous = ui.continuous_rewards(url, run_id)
+    labels = CONTINUOUS if continuous else CORRECT
+    correct = _choice("trajectories", "correct", list(labels), c[0])
     replayed = _choice("replayed", "replayed", list(REPLAYED), c[1])
-    f = dict(correct=CORRECT[correct], replayed=REPLAYED[replayed])
+    f = dict(correct=labels[correct], replayed=REPLAYED[replayed], continuous=continuous)
     _, total = ui.question_trajectories(url, run_id, qid, **f, offset=0, limit=1)
     if total == 0:
-        st.info("No stored trajectory of this question matches these filters." if any(v is not None for v in f.values())
+        st.info("No stored trajectory of this question matches these filters."
+                if any(f[k] is not None for k in ("correct", "replayed"))
                 else "No stored trajectories for this question (experience is stored once replay is on; other "
                      "rollouts only with `buffer.store_all_rollouts`).")
         return
@@ -94,7 +98,7 @@ def _trajectories(url: str, run_id: str, qid: int, groups: pd.DataFrame, K: int)
                 st.caption(f"trajectory {t.id} · sampled in step {t.step} · reward {t.reward:g} · entropy {entropy} · "
                            f"{t.length} tokens{' (truncated)' if t.truncated else ''} · {state} · "
                            f"replayed {t.times_replayed}×")
-                st.html(highlight_answer(t.text, t.reward > 0))
+                st.html(highlight_answer(t.text, t.succeeded))
 
 
 def _question(url: str, run_id: str, q: pd.Series, K: int) -> None:
