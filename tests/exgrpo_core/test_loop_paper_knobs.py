@@ -42,3 +42,30 @@ def test_the_iteration_uses_the_configured_centre_and_behaviour_logprobs(tmp_pat
         torch.testing.assert_close(applied, expected)
     finally:
         s.close()
+
+
+def all_right(texts, answers):
+    return [(1.0, "correct")] * len(texts)
+
+
+@pytest.mark.parametrize("every", [0, 2])
+def test_the_review_arm_puts_the_retired_set_back_on_its_period(tmp_path, every):
+    cfg = load_config("tiny", [f"run.output_dir={tmp_path}", f"run.db_url=sqlite:///{tmp_path / 'x.db'}",
+                               "rollout.max_response_tokens=2", "rollout.group_size=4", "train.batch_size=4",
+                               "train.mini_batch_size=4", "buffer.start_threshold=0", "run.resume=never",
+                               "buffer.replay_ratio=0", f"buffer.review_retired_every={every}",
+                               "buffer.review_fraction=1.0"])
+    torch.manual_seed(0)
+    s = open_session(cfg, verify=all_right)  # every group all correct: each question retires when rolled out
+    try:
+        first = loop.run_iteration(s)
+        retired_after_1 = set(s.store.retired_uids(s.run_id))
+        second = loop.run_iteration(s)
+        retired_after_2 = set(s.store.retired_uids(s.run_id))
+    finally:
+        s.close()
+    assert first["buffer/newly_retired"] == 4 and len(retired_after_1) == 4 and first["buffer/reviewed_retired"] == 0
+    if every:  # step 2: this step's 4 retire, then the review puts back all 8 (fraction 1)
+        assert second["buffer/reviewed_retired"] == 8 and retired_after_2 == set()
+    else:
+        assert second["buffer/reviewed_retired"] == 0 and len(retired_after_2) == 8
