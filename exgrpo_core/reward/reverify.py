@@ -48,6 +48,10 @@ def reverify(store: ExperienceStore, run: str, *, grader: str = "auto", apply: b
     """
     run_id = find_run(store, run)
     cfg = store.get_run(run_id)["config"].get("reward", {})
+    if grader == "auto" and (cfg.get("fn") or cfg.get("url")):  # the rows' own dataset fields are not stored
+        source = f"reward.fn={cfg['fn']}" if cfg.get("fn") else "reward.url"
+        raise StoreError(f"run {run} was graded by {source}: reverify regrades math-verify and choice grades only "
+                         "(pass --verifier math or --verifier choice to grade its trajectories that way)")
     rows = store.stored_trajectories(run_id)
     verifier = None
     if verify is None:

@@ -88,3 +88,14 @@ def test_reverify_reports_disagreements_and_changes_rewards_only_when_asked(tmp_
     with pytest.raises(StoreError, match="no run 'nope'"):
         reverify(store, "nope", verify=exact)
     store.close()
+
+
+def test_reverify_refuses_to_guess_for_a_run_graded_by_a_reward_function(tmp_path):
+    cfg = load_config("tiny", [f"run.output_dir={tmp_path}", "run.name=own", "run.steps=1", "reward.fn=exact_match"])
+    s = open_session(cfg)
+    loop.run_iteration(s)
+    s.close()
+    with ExperienceStore(f"sqlite:///{tmp_path / 'own' / 'experience.db'}") as store:
+        with pytest.raises(StoreError, match="graded by reward.fn=exact_match: reverify regrades math-verify"):
+            reverify(store, "own", verify=exact)
+        assert reverify(store, "own", grader="math", verify=exact)["summary"]["trajectories"] > 0
