@@ -130,6 +130,7 @@ print_env() {
   echo "export MLFLOW_TRACKING_URI='$EXGRPO_MLFLOW_URL'"
   echo "export PREFECT_API_URL='$EXGRPO_PREFECT_API_URL'"
   echo "export EXGRPO_REPO_DIR='$EXGRPO_REPO_DIR'"
+  echo "export EXGRPO_WORK_POOL='$EXGRPO_WORK_POOL'"
   [[ -f "$EXGRPO_PGPASSFILE" ]] && echo "export PGPASSFILE='$EXGRPO_PGPASSFILE'; unset PGPASSWORD  # the roles' passwords"
   # logins: the secrets by reference to the variables that hold them, never their values
   [[ -n "${EXGRPO_PREFECT_AUTH_STRING:-}" ]] && echo 'export PREFECT_API_AUTH_STRING="$EXGRPO_PREFECT_AUTH_STRING"'

@@ -42,7 +42,7 @@ def test_each_existing_flow_has_its_deployment_on_the_process_pool():
             assert DEPLOYMENTS[name]["entrypoint"] == entrypoint
     assert "exgrpo-train" in DEPLOYMENTS
     for d in DEPLOYMENTS.values():
-        assert d["work_pool"]["name"] == "exgrpo-process", d["name"]
+        assert d["work_pool"]["name"] == "{{ $EXGRPO_WORK_POOL }}", d["name"]  # the services' pool (test_deploy_pool)
         assert set(d) >= {"description", "parameters", "tags"}, d["name"]
 
 
