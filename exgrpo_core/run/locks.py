@@ -82,7 +82,7 @@ class RunLock:
         path = Path(path) if path is not None else Path(run_dir) / ".lock"
         while True:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -137,7 +137,8 @@ class RunLock:
 
 
 _HELD: dict[str, RunLock] = {}
-_PINNED: dict[str, RunLock] = {}  # run folder -> the lock on its SQLite file's inode
+_PINNED: dict[str, RunLock] = {}
+_UMASK: list[int] = []  # the umask before this process took its first run lock  # run folder -> the lock on its SQLite file's inode
 _CREATED: set[str] = set()
 LOCK_SUFFIX = ".runlock"
 
@@ -206,6 +207,7 @@ def lock_run(run_dir: str | Path, name: str, db_url: str) -> RunLock:
     run_dir = Path(run_dir).resolve()
     key = str(run_dir)
     if key not in _HELD:
+        private_dir(run_dir)
         folder = RunLock.file(run_dir, name)
         try:
             db = _database_lock(run_dir, name, db_url)
@@ -222,6 +224,8 @@ def lock_run(run_dir: str | Path, name: str, db_url: str) -> RunLock:
                     db.release()
             finally:
                 folder.release()
+        if not _HELD:  # while this process holds a run, what it creates is its user's only (umask 077)
+            _UMASK.append(os.umask(0o077))
         _HELD[key] = RunLock(release)
         try:
             pin_database(run_dir, name, db_url)
@@ -242,15 +246,25 @@ def pin_database(run_dir: str | Path, name: str, db_url: str) -> None:
         _PINNED[key] = RunLock.file(run_dir, name, path, f" in {key}")
 
 
+def private_dir(path: Path) -> None:
+    """Create folder `path` (and its parents) mode 0700, and make an existing one of this user 0700: a run
+    folder holds checkpoints, its database and its config, readable by no other local user."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
+    if path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
 def make_run_dir(run_dir: str | Path) -> None:
-    """Create `run_dir` (and its parents), remembering whether this process created it."""
+    """Create `run_dir` (and its parents; `private_dir`), remembering whether this process created it."""
     run_dir = Path(run_dir).resolve()
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     try:
-        run_dir.mkdir()
+        run_dir.mkdir(mode=0o700)  # only one of two processes at the same moment makes it
         _CREATED.add(str(run_dir))
     except FileExistsError:
         pass
+    private_dir(run_dir)
 
 
 def remove_failed_start(run_dir: str | Path) -> bool:
@@ -285,3 +299,5 @@ def unlock_run(run_dir: str | Path) -> None:
     lock = _HELD.pop(str(Path(run_dir).resolve()), None)
     if lock is not None:
         lock.release()
+        if not _HELD and _UMASK:
+            os.umask(_UMASK.pop())
