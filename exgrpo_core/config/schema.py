@@ -80,6 +80,8 @@ class WarmStartConfig(_Section):
     seed: int = 0
     """(tiny-sft) Seed of the warm start's init and data draws (independent of run.seed: every run
     with these settings starts from the same cached model)."""
+    task: Literal["arith", "arith3"] = "arith"
+    """(tiny-sft) The generated task whose sft split it trains on: arith (two-digit) or arith3 (three-digit)."""
 
 
 class ModelConfig(_Section):

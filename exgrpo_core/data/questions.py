@@ -30,7 +30,8 @@ def load_questions(path: str, *, question_key: str = "question", answer_key: str
                    max_questions: int | None = None, locations: dict[str, str] | None = None,
                    prompt_template: str = "chat") -> list[Question]:
     """Read questions from `bundled:NAME`, a .jsonl / .parquet file, `hf:NAME[:CONFIG][:SPLIT]` or
-    `gen:arith-<sft|train|test>` (generated two-digit arithmetic, exgrpo_core/data/arith.py).
+    `gen:arith-<sft|train|test>` (generated two-digit arithmetic, exgrpo_core/data/arith.py) or
+    `gen:arith3-<split>` (three-digit, arith3.py).
 
     Args:
         path: where the questions are (see above).
@@ -124,15 +125,16 @@ def _open(path: str) -> tuple[str, Iterator[tuple[str, dict]]]:
         return name, _jsonl_rows(file)
     if path.startswith("hf:"):
         return _hf_rows(path)
-    if path.startswith("gen:"):  # generated in-process (exgrpo_core/data/arith.py)
-        from exgrpo_core.data import arith
+    if path.startswith("gen:"):  # generated in-process (exgrpo_core/data/arith.py, arith3.py)
+        from exgrpo_core.data import arith, arith3
 
         name = path.removeprefix("gen:")
-        split = name.removeprefix("arith-")
-        if not name.startswith("arith-") or split not in arith.SPLITS:
+        task, _, split = name.partition("-")
+        tasks = {"arith": arith, "arith3": arith3}
+        if task not in tasks or split not in tasks[task].SPLITS:
             raise DataError(f"{path}: no generated dataset {name!r}; available: "
-                            f"{', '.join('arith-' + s for s in arith.SPLITS)}")
-        return name, ((f"row {i + 1}", row) for i, row in enumerate(arith.rows(split)))
+                            f"{', '.join(f'{t}-{s}' for t, m in tasks.items() for s in m.SPLITS)}")
+        return name, ((f"row {i + 1}", row) for i, row in enumerate(tasks[task].rows(split)))
     file = Path(path).expanduser()
     if not file.is_file():
         raise DataError(f"{path}: file not found")

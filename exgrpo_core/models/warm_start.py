@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from exgrpo_core.data import arith
+from exgrpo_core.data import arith, arith3
 from exgrpo_core.models import build
 
 TINY_SFT = "tiny-sft"
@@ -34,7 +34,9 @@ FORMAT_VERSION = 1  # bump when the task, the prompt or the training rule change
 
 
 def settings_key(tiny: dict, warm: dict) -> str:
-    """A short stable hash of everything that determines the warm-started weights."""
+    """A short stable hash of everything that determines the warm-started weights (the default task,
+    arith, is left out: keys from before the task setting stay valid)."""
+    warm = {k: v for k, v in warm.items() if not (k == "task" and v == "arith")}
     blob = json.dumps({"tiny": tiny, "warm": warm, "version": FORMAT_VERSION}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
@@ -74,16 +76,21 @@ def cache_dir(tiny: dict, warm: dict) -> Path:
     return root / f"{TINY_SFT}-{settings_key(tiny, warm)}"
 
 
-def examples(tokenizer, split: str = "sft") -> list[tuple[list[int], list[list[int]]]]:
+TASKS = {"arith": arith, "arith3": arith3}
+"""model.warm_start.task -> the generated task whose `sft` split it trains on."""
+
+
+def examples(tokenizer, split: str = "sft", task: str = "arith") -> list[tuple[list[int], list[list[int]]]]:
     """Per question: its chat prompt ids (as rollouts see them, data.prompt_token_ids with no
     instruction) and the ids of each worked answer followed by EOS."""
     out = []
-    for op, a, b in arith.split(split):
-        messages = [{"role": "user", "content": arith.question_text(op, a, b)}]
+    gen = TASKS[task]
+    for op, a, b in gen.split(split):
+        messages = [{"role": "user", "content": gen.question_text(op, a, b)}]
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         answers = [tokenizer(s, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-                   for s in arith.solutions(op, a, b)]
+                   for s in gen.solutions(op, a, b)]
         out.append((p_ids, answers))
     return out
 
@@ -102,10 +109,11 @@ def batch_tensors(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tupl
     return ids, mask, labels
 
 
-def fine_tune(model, tokenizer, *, steps: int, lr: float, batch_size: int, seed: int) -> list[float]:
+def fine_tune(model, tokenizer, *, steps: int, lr: float, batch_size: int, seed: int,
+              task: str = "arith") -> list[float]:
     """Next-token cross-entropy on answer tokens; each row a random sft question and one of its worked
     answers chosen uniformly (so every format stays likely). Returns the loss of every step."""
-    data = examples(tokenizer)
+    data = examples(tokenizer, task=task)
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
@@ -146,7 +154,7 @@ def warm_started(tiny: dict, warm: dict) -> Path:
         torch.set_num_threads(1)  # one thread: the same weights whatever the caller's thread count
         try:
             losses = fine_tune(model, tokenizer, steps=warm["steps"], lr=warm["lr"], batch_size=warm["batch_size"],
-                               seed=warm["seed"])
+                               seed=warm["seed"], task=warm.get("task", "arith"))
         finally:
             torch.set_num_threads(threads)
     target.parent.mkdir(parents=True, exist_ok=True)
