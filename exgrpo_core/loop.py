@@ -64,7 +64,7 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
     t0 = time.perf_counter()
     K, cfg = s.cfg.rollout.group_size, s.cfg.rollout
     uids = plan.fresh + plan.replay
-    counts = [K] * len(plan.fresh) + [K - 1] * len(plan.replay)
+    counts = [K] * len(plan.fresh) + [K - (s.cfg.buffer.replay_mode == "trajectory")] * len(plan.replay)
     rollouts: list[Rollout] = []
     entropies: list[list[float]] = []
     steps0 = getattr(s.engine, "row_steps", None)
@@ -171,7 +171,8 @@ def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple
     for r in rollouts:
         by_uid.setdefault(r.question_uid, []).append(r)
     groups = [GroupResult(u, by_uid[u]) for u in plan.fresh]
-    groups += [GroupResult(u, by_uid[u], is_replay=True, replayed=1) for u in plan.replay]
+    replayed = int(s.cfg.buffer.replay_mode == "trajectory")  # prompt replay: K fresh, no stored trajectory
+    groups += [GroupResult(u, by_uid[u], is_replay=True, replayed=replayed) for u in plan.replay]
     b = s.cfg.buffer
     if s.cfg.reward.continuous:  # buckets by reward spread (paper v2 §5.3); 0/1 rewards keep k
         spread.assign(groups, s.cfg.rollout.group_size, b.spread_eps)
@@ -193,14 +194,15 @@ def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple
 def select_trajectories(s: Session, plan: BatchPlan) -> tuple[dict[str, Rollout], dict]:
     """For each experiential question, replay its stored trajectory chosen by current-policy entropy."""
     t0 = time.perf_counter()
+    wanted = plan.replay if s.cfg.buffer.replay_mode == "trajectory" else []  # prompt replay: no trajectory
     # token ids of every candidate; stored log-probs and text are read for the chosen ones only
-    cands = s.store.candidates(s.run_id, plan.replay, before_step=plan.step, payload=False) if plan.replay else {}
+    cands = s.store.candidates(s.run_id, wanted, before_step=plan.step, payload=False) if wanted else {}
     exp = {e.id: e for uid in plan.replay for e in cands.get(uid, [])}
     rows = [Rollout(e.question_uid, s.prompt_ids(e.question_uid), e.response_ids, [0.0] * len(e.response_ids), "",
                     False, e.step, reward=1.0, reason="replayed", replayed_from=e.id) for e in exp.values()]
     score_rollouts(s, rows, s.cfg.selection.entropy)  # recompute H(o) under the current policy
     chosen: dict[str, Rollout] = {}
-    for uid in plan.replay:
+    for uid in wanted:
         options = [r for r in rows if r.question_uid == uid]
         if options:
             chosen[uid] = options[selection.choose_trajectory([r.entropy for r in options],
@@ -216,7 +218,8 @@ def select_trajectories(s: Session, plan: BatchPlan) -> tuple[dict[str, Rollout]
                                    [r.behaviour_logprobs for r in chosen.values()], shaping)
     return chosen, {M.REPLAYED_SAMPLES: float(len(chosen)), M.CANDIDATES: float(len(rows)),
                     M.REPLAYED_ENTROPY: _mean([r.entropy for r in chosen.values()]),
-                    M.UNFILLED_SLOTS: float(max(plan.replay_slots - len(chosen), 0)), **stale,
+                    M.UNFILLED_SLOTS: float(max(plan.replay_slots - len(chosen if wanted else plan.replay), 0)),
+                    **stale,
                     M.TIME_SELECT: time.perf_counter() - t0}
 
 

@@ -189,6 +189,10 @@ class BufferConfig(_Section):
     """A pooled question whose fresh group scores 0/K: keep_bucket (code: the bucket update is skipped on
     0 successes) or move (to bucket 0, never drawn for replay while it stays pooled). Counted either
     way in `buffer/pooled_zero_success`."""
+    replay_mode: Literal["trajectory", "prompt"] = "trajectory"
+    """trajectory (ExGRPO): an experiential question gets K-1 fresh rollouts beside its chosen stored
+    trajectory; prompt (prompt replay, the replay lab's arm): it is drawn from the pool the same way but
+    gets K fresh rollouts and no stored trajectory."""
     store_all_rollouts: bool = True
     """Store every verified rollout (for analysis); only correct ones of eligible groups enter the pool."""
     warm_start: list[str] = []

@@ -32,9 +32,11 @@ ARMS: dict[str, tuple[tuple[str, ...], float | None]] = {
     "mu_0.25": (("selection.mu=0.25",), None),
     "no_is_correction": (("loss.replay_old_logprobs=current",), 47.1),
     "review_retired": (("buffer.review_retired_every=25", "buffer.review_fraction=0.1"), None),
+    # the replay lab's methods beside ExGRPO: prompt replay (medium questions re-drawn, K fresh rollouts)
+    "prompt_replay": (("buffer.replay_mode=prompt",), None),
 }
 
-DEFAULT_ARMS = [a for a in ARMS if a not in ("mu_0.25", "no_is_correction", "review_retired")]
+DEFAULT_ARMS = [a for a in ARMS if a not in ("mu_0.25", "no_is_correction", "review_retired", "prompt_replay")]
 """What `--arms` left out runs: the paper's ablation table (the other tables' arms are asked for by name)."""
 ArmName = Literal[tuple(ARMS)]  # the Prefect form offers these names
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sqlalchemy import text
 
 from exgrpo_core import loop
 from exgrpo_core.algorithm import selection
@@ -69,3 +70,29 @@ def test_the_review_arm_puts_the_retired_set_back_on_its_period(tmp_path, every)
         assert second["buffer/reviewed_retired"] == 8 and retired_after_2 == set()
     else:
         assert second["buffer/reviewed_retired"] == 0 and len(retired_after_2) == 8
+
+
+def test_prompt_replay_draws_pooled_questions_with_k_fresh_rollouts_and_no_stored_trajectory(tmp_path, monkeypatch):
+    cfg = load_config("tiny", [f"run.output_dir={tmp_path}", f"run.db_url=sqlite:///{tmp_path / 'x.db'}",
+                               "rollout.max_response_tokens=3", "rollout.group_size=4", "train.batch_size=8",
+                               "train.mini_batch_size=4", "buffer.start_threshold=0", "run.resume=never",
+                               "buffer.replay_mode=prompt"])
+    torch.manual_seed(0)
+    s = open_session(cfg, verify=half_right)
+    mixed = []
+    rows_of = loop.shuffled_rows
+    monkeypatch.setattr(loop, "shuffled_rows", lambda groups, replayed, *a: (mixed.append((groups, dict(replayed))),
+                                                                             rows_of(groups, replayed, *a))[1])
+    try:
+        stats = [loop.run_iteration(s) for _ in range(3)]
+        with s.store.engine.connect() as conn:
+            replayed = conn.execute(text("select count(*) from replays")).scalar_one()
+            times = conn.execute(text("select coalesce(sum(times_replayed), 0) from trajectories")).scalar_one()
+    finally:
+        s.close()
+    experiential = [g for groups, _ in mixed for g in groups if g.is_replay]
+    assert experiential, "no question was drawn from the pool"
+    assert all(len(g.rollouts) == 4 and g.replayed == 0 for g in experiential)  # K fresh, nothing stored in the group
+    assert all(not r for _, r in mixed) and replayed == 0 and times == 0
+    assert [st["select/replayed_samples"] for st in stats] == [0.0] * 3
+    assert sum(st["rollout/responses"] for st in stats) == 3 * 8 * 4  # every slot generated

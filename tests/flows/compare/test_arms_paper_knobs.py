@@ -12,6 +12,7 @@ from flows.compare.arms import ARMS, build_arm_runs
     ("mu_0.25", {"selection.mu": 0.25}, None),  # Table 3: Gaussian centred on Acc 0.25
     ("no_is_correction", {"loss.replay_old_logprobs": "current"}, 47.1),  # Table 6: w = 1 on replayed tokens
     ("review_retired", {"buffer.review_retired_every": 25, "buffer.review_fraction": 0.1}, None),  # Table 7
+    ("prompt_replay", {"buffer.replay_mode": "prompt"}, None),  # the replay lab: K fresh, no stored trajectory
 ])
 def test_paper_knob_arm_differs_from_exgrpo_by_its_knob_only(arm, changed, ref):
     exgrpo, other = build_arm_runs("tiny", None, ["exgrpo", arm], [0], "cmp", evaluate=False)
