@@ -280,7 +280,8 @@ def _from_pretrained(name: str, source: str,
                      overrides: dict | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     looks_local = source.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(source))
     if looks_local and not os.path.isdir(os.path.expanduser(source)):
-        raise ModelLoadError(f"model {name!r}: local path {source} does not exist")
+        what = "is a file, not a model folder" if os.path.exists(os.path.expanduser(source)) else "does not exist"
+        raise ModelLoadError(f"model {name!r}: local path {source} {what}")
     source = os.path.expanduser(source)
     try:  # a local folder loads without progress bars; a hub download keeps them
         with no_progress_bars() if looks_local else contextlib.nullcontext():

@@ -18,7 +18,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
@@ -163,10 +163,35 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+def check_schema(engine: Engine) -> str | None:
+    """The database's revision (None: no schema yet), after one StoreError line for a database this version
+    cannot use: a revision it does not ship (a newer ExGRPO's, another application's migrations), or
+    another application's tables and no schema of ours."""
+    from exgrpo_core.store.tables import Base
+
+    with read_connection(engine, "reading the schema revision") as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+        tables = {t for t in inspect(conn).get_table_names() if not t.startswith("sqlite_")}
+    where = f"the experience database {mask_url(engine.url)}"
+    if current is not None:
+        known = {r.revision for r in ScriptDirectory.from_config(_alembic_config()).walk_revisions()}
+        if current not in known:
+            raise StoreError(f"{where} is at schema revision {current!r}, which this ExGRPO does not know (its "
+                             f"newest is {head_revision()!r}): a newer ExGRPO wrote it, or another application "
+                             "did; upgrade ExGRPO or point run.db_url at another database")
+        return current
+    foreign = sorted(tables - set(Base.metadata.tables))
+    if foreign and not tables & set(Base.metadata.tables):
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        raise StoreError(f"{where} holds another application's tables ({', '.join(foreign[:5])}{more}) and no "
+                         "ExGRPO schema: point run.db_url at an empty database or an ExGRPO one")
+    return None
+
+
 def upgrade_schema(engine: Engine) -> str:
     """Alembic `upgrade head` in one transaction (PostgreSQL: under an advisory lock); returns the head."""
     head = head_revision()
-    if current_revision(engine) == head:
+    if check_schema(engine) == head:
         return head
     cfg = _alembic_config()
     with write_transaction(engine, "upgrading the schema") as conn:
