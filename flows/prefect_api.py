@@ -35,6 +35,7 @@ def serve_prefect_api() -> str | None:
     for the rest of the process; it is stopped at exit, after Prefect's own exit handlers (registered
     later, run earlier) have flushed their logs and events to it. Returns its URL (None: not started)."""
     if os.environ.get("PREFECT_API_URL"):
+        check_login(os.environ["PREFECT_API_URL"])
         return None
     proc, url = _start(float(os.environ.get(TIMEOUT_ENV, "20")))
     atexit.register(_stop, proc)
@@ -44,6 +45,31 @@ def serve_prefect_api() -> str | None:
 
         _KEEP.enter_context(temporary_settings(updates={PREFECT_API_URL: url}))
     return url
+
+
+def check_login(url: str, timeout_s: float = 10.0) -> None:
+    """A server with logins (PREFECT_SERVER_API_AUTH_STRING) must take PREFECT_API_AUTH_STRING: one line when
+    it is missing or wrong, before Prefect's client fails on it with a traceback. A server that does not
+    answer is left to Prefect's client."""
+    import base64
+    import urllib.error
+
+    from prefect.settings import get_current_settings  # the variable, or a Prefect profile's setting
+
+    secret = get_current_settings().api.auth_string
+    auth = secret.get_secret_value() if secret else None
+    req = urllib.request.Request(url.rstrip("/") + "/admin/version")
+    if auth:
+        req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        urllib.request.urlopen(req, timeout=timeout_s).close()
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            raise PrefectStartError(f"Prefect server at {url} " + (
+                "refused PREFECT_API_AUTH_STRING: check its user:password" if auth else
+                "asks for a login: set PREFECT_API_AUTH_STRING=user:password (infra/README.md, Logins)")) from None
+    except (urllib.error.URLError, OSError, ValueError):
+        return
 
 
 def _start(timeout_s: float) -> tuple[subprocess.Popen, str]:
