@@ -226,10 +226,16 @@ class FlowRunReport:
         return text
 
     def start(self, first_step: int, tracker, run_id: str) -> None:
-        self.progress_id = create_progress_artifact(
-            progress=100.0 * first_step / self.total, key=f"{self.key}-progress",
-            description=f"Training `{self.run_name}`: share of its {self.total} steps done. "
-                        + self.links_markdown(tracker, run_id))
+        """The progress artifact at `first_step`: this flow run's own when an earlier attempt made one (a
+        Retry moves that bar on instead of leaving the killed attempt's beside a new one), else a new one."""
+        progress, key = 100.0 * first_step / self.total, f"{self.key}-progress"
+        description = (f"Training `{self.run_name}`: share of its {self.total} steps done. "
+                       + self.links_markdown(tracker, run_id))
+        self.progress_id = _earlier_progress_artifact(key)
+        if self.progress_id is not None:
+            update_progress_artifact(self.progress_id, progress, description=description)
+        else:
+            self.progress_id = create_progress_artifact(progress=progress, key=key, description=description)
 
     def step(self, step: int, stats: dict) -> None:
         """Log the step's line to the flow run and move the progress artifact."""
@@ -249,8 +255,9 @@ class FlowRunReport:
         rows += [("final evaluation", line.split(": ", 1)[1]) for line in lines if line.startswith("final ")]
         rows += [(k, line.split(": ", 1)[1]) for line in lines for k in ("replay pool", "wall time")
                  if line.startswith(k + ": ")]
-        if checkpoint:
-            rows.append(("checkpoint", f"`{checkpoint['path']}` (manifest SHA-256 `{checkpoint['manifest_sha256']}`)"))
+        if checkpoint:  # two rows: one cell holding both pushed the 64-digit hash out of view
+            rows += [("checkpoint", f"`{checkpoint['path']}`"),
+                     ("checkpoint manifest SHA-256", f"`{checkpoint['manifest_sha256']}`")]
         if pictures:
             rows.append(("pictures", f"MLflow artifacts `{pictures}` (entropy, buckets, replays)"))
         text = "\n".join(summary_lines(summary))
@@ -271,3 +278,19 @@ class FlowRunReport:
         table = "\n".join([lines[0], "|---|---|", *lines[1:]])
         create_markdown_artifact(f"{title}\n\n{table}\n\n{links}\n", key=self.key,
                                  description=f"ExGRPO run {self.run_name}")
+
+
+def _earlier_progress_artifact(key: str):
+    """The id of this flow run's latest progress artifact with this key (made by an earlier attempt of the
+    same flow run, before a Retry); None outside a flow run or when there is none."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    flow_run_id = current_flow_run.id
+    if not flow_run_id:
+        return None
+    with get_client(sync_client=True) as client:
+        mine = ArtifactFilter(key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        found = client.read_artifacts(artifact_filter=mine, sort=ArtifactSort.CREATED_DESC, limit=1)
+    return found[0].id if found and found[0].type == "progress" else None

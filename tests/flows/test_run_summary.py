@@ -142,3 +142,22 @@ def test_the_dashboard_fills_a_masked_password_from_the_environment(monkeypatch)
     monkeypatch.setenv("EXGRPO_DB_URL", "postgresql+psycopg://trainer:pw@db:5432/exgrpo")
     url, _ = cli.dashboard_db_url("postgresql+psycopg://trainer:***@db:5432/exgrpo", ExGRPOConfig())
     assert url == "postgresql+psycopg://trainer:pw@db:5432/exgrpo"
+
+
+def test_the_summary_artifact_gives_the_checkpoint_hash_a_row_of_its_own(monkeypatch):
+    from types import SimpleNamespace
+
+    from flows import run_report
+
+    shown = []
+    monkeypatch.setattr(run_report, "create_markdown_artifact", lambda text, **kw: shown.append(text))
+    sha = "ab" * 32
+    tracker = SimpleNamespace(run_url="http://m/r", experiment_url="http://m/e", uri="http://m")
+    cfg = ExGRPOConfig()
+    summary = {"run_id": "r1", "mlflow_run_id": "m1", "run_dir": "/runs/x", "steps": cfg.run.steps}
+    run_report.FlowRunReport("x", cfg.run.steps).summary(
+        summary=summary, cfg=cfg, tracker=tracker, pictures=None,
+        checkpoint={"path": "/runs/a-long-run-name/checkpoints/step_000009", "manifest_sha256": sha})
+    rows = [line for line in shown[0].splitlines() if line.startswith("| ")]
+    assert "| checkpoint | `/runs/a-long-run-name/checkpoints/step_000009` |" in rows
+    assert f"| checkpoint manifest SHA-256 | `{sha}` |" in rows  # the whole hash, in a cell of its own

@@ -147,6 +147,17 @@ def test_a_retry_of_a_stopped_flow_run_resumes_its_run_exactly(retried):
     assert [m.step for m in client.get_metric_history(mlflow_id, M.REWARD_MEAN)] == [1, 2, 3, 4, 5]  # step numbers
 
 
+def test_a_retry_moves_the_flow_runs_one_progress_bar_on(retried):
+    from prefect.client.schemas.filters import ArtifactFilter
+
+    from flows.run_report import artifact_key
+
+    with _client() as c:
+        arts = c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id={"any_": [retried["fr"].id]}))
+    bars = [(a.key, a.data) for a in arts if a.type == "progress"]
+    assert bars == [(f"{artifact_key(retried['name'])}-progress", 100.0)], bars  # not the stopped attempt's too
+
+
 def test_a_retry_of_a_finished_flow_run_ends_already_finished_quietly(retried):
     r = retried
     state = r["again"].state
