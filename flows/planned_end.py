@@ -29,6 +29,18 @@ def planned_state(name: str, end: PlannedEnd):
     return Cancelled(name=name, message=str(end), data=end)
 
 
+class BadParameters(PlannedEnd):
+    """The flow run's parameters give no config that runs (a bad override from the form); the one line says
+    which. The flow run ends Failed, without a traceback."""
+
+
+def failed_state(end: BadParameters):
+    """Failed, named `BadParameters`, its one line as the message (an in-process caller gets `end` raised)."""
+    from prefect.states import Failed
+
+    return Failed(name="BadParameters", message=str(end), data=end)
+
+
 def _is_planned_end(record: logging.LogRecord) -> bool:
     exc = record.exc_info[1] if record.exc_info else None
     return isinstance(exc, PlannedEnd) and record.levelno >= logging.ERROR

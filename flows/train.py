@@ -28,13 +28,14 @@ from exgrpo_core.run.session import Session, open_session
 from flows import monitor_events
 from flows.dependency_errors import dependency_error, quiet_dependency_faults
 from flows.eval_tasks import TrainingEvaluator
-from flows.planned_end import planned_state, quiet_planned_ends
+from flows.input_checks import USER_ERRORS, check_form_config
+from flows.planned_end import BadParameters, failed_state, planned_state, quiet_planned_ends
 from flows.plots import write_run_pictures
 from flows.run_report import FlowRunReport, cli_equivalent, link_tags, stage_name
 from flows.task_args import whole
 from flows.tracking import MlflowRun, check_server, resolve_tracking_uri
 from flows.train_params import (AlreadyFinishedError, Overrides, Preset, ReplayRatio, RunName, Seed, Steps,
-                                asks_for_steps, finished_run, run_config)
+                                asks_for_steps, finished_run, form_problems, run_config)
 
 # Set by the CLI to draw a progress display; called as progress(step, total, metrics).
 PROGRESS: list[Callable[[int, int, dict], None]] = []
@@ -160,8 +161,15 @@ def train(preset: Preset = "tiny", run_name: RunName = "", steps: Steps = 0, rep
     started = time.perf_counter()
     params = dict(preset=preset, run_name=run_name, steps=steps, replay_ratio=replay_ratio, seed=seed,
                   overrides=overrides, config=config)
-    cfg, sets = run_config(params, current_flow_run.get_name(), current_flow_run.get_id(),
-                           retry=current_flow_run.get_run_count() > 1)
+    try:
+        cfg, sets = run_config(params, current_flow_run.get_name(), current_flow_run.get_id(),
+                               retry=current_flow_run.get_run_count() > 1)
+        if sets is not None:  # the form's values, checked before anything starts (the CLI checked its own)
+            check_form_config(cfg)
+    except USER_ERRORS as e:  # a bad override: Failed at once, one line naming every problem, no traceback
+        end = BadParameters(form_problems(params) or " ".join(str(e).split()))
+        print(f"error: {end}")
+        return failed_state(end)
     check_server(resolve_tracking_uri(cfg))  # a dead MLflow server fails before any work is done
     report = FlowRunReport(cfg.run.name, cfg.run.steps)
     done = finished_run(cfg, extend=sets is None or asks_for_steps(sets))  # config given: the caller decided

@@ -96,6 +96,27 @@ def run_config(params: dict, flow_run_name: str | None = None, flow_run_id=None,
     return reveal(load_config(preset, sets)), masked(sets)
 
 
+def form_problems(params: dict) -> str | None:
+    """Every problem of a form's preset and overrides, in one line (None: none): each override that does not
+    parse, then what validating the rest says, key by key."""
+    from exgrpo_core.config.load import ConfigError, parse_override
+
+    sets = form_overrides(params.get("overrides"), **{k: params.get(k) for k in TYPED_KEYS})
+    problems, good = [], []
+    for item in sets:
+        try:
+            parse_override(item)
+            good.append(item)
+        except ConfigError as e:
+            problems.append(str(e))
+    try:
+        load_config(params.get("preset") or "tiny", good)
+    except ConfigError as e:
+        head, *lines = str(e).splitlines()
+        problems.append(f"{head.rstrip(':')}: " + "; ".join(x.strip() for x in lines) if lines else head)
+    return "; ".join(masked(problems)) if problems else None
+
+
 def asks_for_steps(overrides: list[str] | None, config: str | None = None) -> bool:
     """Whether the user asked for a number of steps: `run.steps` among the overrides (`--set`, the form's
     steps field) or in their own YAML file (a shipped preset's steps are no request)."""
