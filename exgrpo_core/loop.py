@@ -39,14 +39,31 @@ class BatchPlan:
     replay_slots: int = 0
 
 
+def replay_weights(cfg) -> dict[int, float]:
+    """The run's question-selection weights w(k/K) by bucket (`selection.bucket_weights` on its config)."""
+    sel = cfg.selection
+    return selection.bucket_weights(cfg.rollout.group_size, sel.question_weighting, sel.sigma, sel.sigma_unit,
+                                    sel.mu, top=cfg.reward.continuous)
+
+
+def target_gap(drawn: list[int | None], weights: dict[int, float]) -> float:
+    """Total variation between the step's replays by source bucket and the normalised target weights:
+    0 when they match (or nothing was replayed), 1 when every replay came from a bucket the target never
+    draws. Per-question weightings (question_uniform) have no bucket target: 0."""
+    ks = [k for k in drawn if k is not None]
+    total = sum(weights.values())
+    if not ks or total <= 0:
+        return 0.0
+    share = {k: ks.count(k) / len(ks) for k in set(ks)}
+    return 0.5 * sum(abs(share.get(k, 0.0) - weights.get(k, 0.0) / total) for k in set(share) | set(weights))
+
+
 def plan_batch(s: Session) -> BatchPlan:
     """Draw rho*B experiential questions by bucket weight, and the rest fresh (docs/implementation_details.md)."""
     cfg = s.cfg
     replay: list[str] = []
     if s.replay_active and cfg.replay_questions > 0:
-        weights = selection.bucket_weights(cfg.rollout.group_size, cfg.selection.question_weighting,
-                                           cfg.selection.sigma, cfg.selection.sigma_unit, cfg.selection.mu,
-                                           top=cfg.reward.continuous)
+        weights = replay_weights(cfg)
         # = selection.sample_questions(buffer_state.buckets, ...), reading only bucket sizes and chosen uids
         replay = s.store.sample_replay_questions(
             s.run_id, cfg.rollout.group_size, cfg.replay_questions, weights, s.rng,
@@ -174,6 +191,7 @@ def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple
     replayed = int(s.cfg.buffer.replay_mode == "trajectory")  # prompt replay: K fresh, no stored trajectory
     groups += [GroupResult(u, by_uid[u], is_replay=True, replayed=replayed) for u in plan.replay]
     b = s.cfg.buffer
+    drawn = s.store.latest_buckets(s.run_id, plan.replay)  # the buckets the replayed questions came from
     if s.cfg.reward.continuous:  # buckets by reward spread (paper v2 §5.3); 0/1 rewards keep k
         spread.assign(groups, s.cfg.rollout.group_size, b.spread_eps)
     stats = s.store.apply_buffer_update(
@@ -185,6 +203,8 @@ def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple
     # retired-set review (paper Table 7), after this step's retirements; draws from s.rng only when reviewing
     reviewed = s.store.review_retired(s.run_id, plan.step, b.review_fraction, s.rng) if reviewing else []
     stats[M.REVIEWED_RETIRED] = float(len(reviewed))
+    per_question = s.cfg.selection.question_weighting in selection.PER_QUESTION  # no per-bucket target
+    stats[M.TARGET_GAP] = target_gap(list(drawn.values()), {} if per_question else replay_weights(s.cfg))
     fresh = [r.reward for g in groups if not g.is_replay for r in g.rollouts]
     stats[M.FRESH_PASS1] = _mean(fresh)
     stats[M.TIME_BUFFER] = time.perf_counter() - t0
@@ -301,7 +321,8 @@ def buffer_snapshot(s: Session) -> dict:
     K = s.cfg.rollout.group_size
     state = s.store.buffer_state(s.run_id, K, with_buckets=False)
     out = {M.BUFFER_QUESTIONS: float(state.pool_questions), M.BUFFER_TRAJECTORIES: float(state.pool_trajectories),
-           M.RETIRED_QUESTIONS: float(state.retired_questions), M.REPLAY_ACTIVE: float(s.replay_active)}
+           M.RETIRED_QUESTIONS: float(state.retired_questions), M.REPLAY_ACTIVE: float(s.replay_active),
+           M.DISTINCT_QUESTIONS: float(sum(state.bucket_counts.values()))}
     out.update({M.bucket_key(k): float(state.bucket_counts.get(k, 0)) for k in range(K + 1)})
     return out
 

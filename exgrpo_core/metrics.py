@@ -32,11 +32,13 @@ DUPLICATES = "buffer/duplicates"
 NEWLY_RETIRED = "buffer/newly_retired"
 STORED_ROLLOUTS = "buffer/stored_rollouts"
 POOLED_ZERO_SUCCESS = "buffer/pooled_zero_success"  # pooled questions whose group scored 0/K this step
+DISTINCT_QUESTIONS = "buffer/distinct_questions"  # questions rolled out at least once so far
 REVIEWED_RETIRED = "buffer/reviewed_retired"  # retired questions a review put back this step (0 off review steps)
 # selection
 REPLAYED_SAMPLES = "select/replayed_samples"
 REPLAYED_ENTROPY = "select/replayed_entropy"
 CANDIDATES = "select/candidates"
+TARGET_GAP = "select/target_gap"  # total variation between the step's replays by bucket and the target weights (0: none)
 UNFILLED_SLOTS = "select/unfilled_slots"  # replay slots of the step (round(rho*B) once replay is on) left without a trajectory
 # staleness of the replayed trajectories (docs/monitors.md): age = step - the step whose policy sampled it;
 # w = pi_theta / pi_behaviour per replayed token and f(w) the weight the replay term applies, both

@@ -24,7 +24,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from exgrpo_core.algorithm import selection
 from exgrpo_core.store.codec import decode_logprobs, decode_token_ids
 from exgrpo_core.store.buffer import (CollectRule, apply_groups, bulk_insert, chunks, none_if_nan, review_retired,
-                                      read_buffer_state)
+                                      read_buffer_state, states_by_uid)
 from exgrpo_core.store.engine import (StoreError, create_store_engine, mask_url, parse_url, read_connection,
                                       resolve_db_url, upgrade_schema, write_transaction)
 from exgrpo_core.store.tables import (EvalResult, GroupResultRow, QuestionRow, QuestionState, Replay, Run,
@@ -331,6 +331,13 @@ class ExperienceStore(WarmStartStore, AuditStore):
         with write_transaction(self.engine, f"retired-set review of run {run_id} at step {step}") as conn:
             self._require_run(conn, run_id)
             return review_retired(conn, run_id, step, fraction, rng)
+
+    def latest_buckets(self, run_id: str, uids: list[str]) -> dict[str, int | None]:
+        """uid -> its bucket now (latest k; None before its first group), for these registered questions."""
+        if not uids:
+            return {}
+        with read_connection(self.engine, f"reading buckets of run {run_id}") as conn:
+            return {uid: st[2] for uid, st in states_by_uid(conn, run_id, set(uids)).items()}
 
     def retired_uids(self, run_id: str) -> set[str]:
         """Uids of the run's retired questions."""

@@ -96,3 +96,29 @@ def test_prompt_replay_draws_pooled_questions_with_k_fresh_rollouts_and_no_store
     assert all(not r for _, r in mixed) and replayed == 0 and times == 0
     assert [st["select/replayed_samples"] for st in stats] == [0.0] * 3
     assert sum(st["rollout/responses"] for st in stats) == 3 * 8 * 4  # every slot generated
+
+
+def test_every_step_logs_its_replays_gap_to_the_target_and_the_questions_seen(tmp_path):
+    assert loop.target_gap([], {1: 1.0}) == 0.0 and loop.target_gap([4, 4], {4: 2.0, 3: 2.0}) == 0.5
+    assert loop.target_gap([3, 4], {4: 1.0, 3: 1.0}) == 0.0 and loop.target_gap([7], {3: 1.0}) == 1.0
+    cfg = load_config("tiny", [f"run.output_dir={tmp_path}", f"run.db_url=sqlite:///{tmp_path / 'x.db'}",
+                               "rollout.max_response_tokens=3", "rollout.group_size=4", "train.batch_size=8",
+                               "train.mini_batch_size=4", "buffer.start_threshold=0", "run.resume=never"])
+    torch.manual_seed(0)
+    s = open_session(cfg, verify=half_right)
+    try:
+        stats = [loop.run_iteration(s) for _ in range(3)]
+        with s.store.engine.connect() as conn:
+            seen = conn.execute(text("select count(*) from question_states where n_groups > 0")).scalar_one()
+            history = conn.execute(text("select step, question_id, k, is_replay from group_results order by id")).all()
+    finally:
+        s.close()
+    assert stats[-1]["buffer/distinct_questions"] == seen and stats[0]["buffer/distinct_questions"] == 8
+    weights = loop.replay_weights(cfg)
+    last, drawn = {}, {}
+    for step, qid, k, is_replay in history:
+        if is_replay:
+            drawn.setdefault(step, []).append(last.get(qid))
+        last[qid] = k
+    assert drawn, "nothing was replayed"
+    assert [st["select/target_gap"] for st in stats] == [loop.target_gap(drawn.get(i, []), weights) for i in range(3)]
