@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from exgrpo_core.run.db_guard import DatabaseLostError
 from flows.quiet import quiet
 
 EXIT_CODE = 4  # `exgrpo train`: a service the run depends on failed (2: a user error, 3: stopped by a monitor)
@@ -41,12 +42,24 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _is_damaged(exc: BaseException) -> bool:
+    """An SQLite file found damaged by a read or write (malformed, not a database)."""
+    from sqlalchemy.exc import DatabaseError
+
+    return type(exc) is DatabaseError and type(getattr(exc, "orig", None)).__module__ == "sqlite3"
+
+
+def database_lost(exc: BaseException) -> bool:
+    """The run's SQLite file is gone, replaced or damaged (its end is not recorded in it)."""
+    return any(isinstance(e, DatabaseLostError) or _is_damaged(e) for e in _chain(exc))
+
+
 def _is_database(exc: BaseException) -> bool:
     mod = type(exc).__module__
     if mod.startswith("sqlalchemy"):
         from sqlalchemy.exc import InterfaceError, OperationalError
 
-        return isinstance(exc, (OperationalError, InterfaceError))
+        return _is_damaged(exc) or isinstance(exc, (OperationalError, InterfaceError))
     return mod.startswith("psycopg") and type(exc).__name__ in ("OperationalError", "InterfaceError")
 
 
@@ -63,7 +76,7 @@ def kind(exc: BaseException) -> str | None:
     for e in _chain(exc):
         if isinstance(e, DependencyError):
             return getattr(e, "kind", None)
-        if _is_database(e):
+        if isinstance(e, DatabaseLostError) or _is_database(e):
             return "database"
         if _is_mlflow(e):
             return "mlflow"
@@ -81,6 +94,18 @@ def dependency_error(exc: BaseException, cfg, run_dir: Path, recorded: str) -> D
     if what is None:
         return None
     cause = next(e for e in _chain(exc) if kind(e) == what and not isinstance(e, DependencyError))
+    lost = next((e for e in _chain(exc) if isinstance(e, DatabaseLostError) or _is_damaged(e)), None)
+    if lost is not None:  # the SQLite file deleted, replaced or damaged (exgrpo_core/run/db_guard.py)
+        from exgrpo_core.store.experience_store import resolve_db_url
+
+        head = str(lost) if isinstance(lost, DatabaseLostError) else (
+            f"the experience database at {mask_text(resolve_db_url(cfg.run.db_url, run_dir))} is damaged "
+            f"({_first_line(getattr(lost, 'orig', lost))})")
+        err = DependencyError(f"{head}; run '{cfg.run.name}' {recorded}; put the database back (a backup) and "
+                              f"rerun the same command to resume from the last checkpoint, or move {run_dir} "
+                              "aside to start the run again")
+        err.kind = what
+        return err
     if what == "database":
         from exgrpo_core.store.experience_store import resolve_db_url
 

@@ -24,9 +24,10 @@ from exgrpo_core.algorithm import selection
 from exgrpo_core.config.schema import ExGRPOConfig
 from exgrpo_core.run import checkpoint
 from exgrpo_core.run.checkpoint import latest_checkpoint
+from exgrpo_core.run.db_guard import DatabaseGuard
 from exgrpo_core.run.session import Session, open_session
 from flows import monitor_events
-from flows.dependency_errors import dependency_error, quiet_dependency_faults
+from flows.dependency_errors import database_lost, dependency_error, quiet_dependency_faults
 from flows.eval_tasks import TrainingEvaluator
 from flows.input_checks import USER_ERRORS, check_form_config
 from flows.planned_end import BadParameters, failed_state, planned_state, quiet_planned_ends
@@ -179,6 +180,7 @@ def train(preset: Preset = "tiny", run_name: RunName = "", steps: Steps = 0, rep
         return planned_state("AlreadyFinished", AlreadyFinishedError(done["message"]))
     evaluator = TrainingEvaluator(cfg) if cfg.eval.every or cfg.eval.final else None  # bad suites fail here
     s = open_session(cfg)
+    guard = DatabaseGuard(s.store.url)  # an SQLite file deleted or damaged under the run is found
     tracker: MlflowRun | None = None
     try:  # from here on every way out leaves the run with a true status in the database and MLflow
         tags = {"exgrpo.run_id": s.run_id, "exgrpo.preset": cfg.preset,
@@ -187,7 +189,8 @@ def train(preset: Preset = "tiny", run_name: RunName = "", steps: Steps = 0, rep
         s.mlflow_run_id = tracker.run_id
         s.store.update_run(s.run_id, mlflow_run_id=tracker.run_id, status="running")
         with _quiet_task_runs():
-            summary = _train_steps(s, cfg, tracker, evaluator, report, started)
+            summary = _train_steps(s, cfg, tracker, evaluator, report, started, guard)
+        guard.check(full=True)
         tracker.end("FINISHED")
         s.store.update_run(s.run_id, status="finished")
         return summary
@@ -197,7 +200,7 @@ def train(preset: Preset = "tiny", run_name: RunName = "", steps: Steps = 0, rep
         return planned_state("Stopped", e)  # the caller gets the MonitorStop raised
     except BaseException as e:
         status = end_status(e)
-        recorded = _record_end(s, tracker, status)
+        recorded = _record_end(s, tracker, status, database=not database_lost(e))  # not into a lost file
         fault = dependency_error(e, cfg, s.run_dir, recorded) if status == "failed" else None
         if fault is not None:  # a service died mid-run: one line naming it (flows/dependency_errors.py)
             raise fault from e
@@ -259,7 +262,7 @@ def log_pictures(s: Session, tracker: MlflowRun, step: int, stats: dict, ent: _E
 
 
 def _train_steps(s: Session, cfg: ExGRPOConfig, tracker: MlflowRun, evaluator, report: FlowRunReport,
-                 started: float) -> dict:
+                 started: float, guard: DatabaseGuard) -> dict:
     if s.resumed_from is not None:
         print(f"resumed run {s.run_id} after step {s.step} (checkpoint {checkpoint.folder_name(s.resumed_from)})")
         if s.step >= cfg.run.steps:
@@ -288,6 +291,7 @@ def _train_steps(s: Session, cfg: ExGRPOConfig, tracker: MlflowRun, evaluator, r
         if eval_due:
             evaluator.run(s, tracker, step)  # before the step's checkpoint: a crash re-evaluates this step
         stats = _named(log_step, "log", step)(s, tracker, step, stats)
+        guard.check()  # the step's rows reached the database file the run opened
         report.step(step, stats)
         monitor_events.report(s, tracker, step, stats)  # raises MonitorStop after a checkpoint
         ckpt_due = bool(every and (step + 1) % every == 0) or step + 1 == cfg.run.steps
@@ -295,6 +299,7 @@ def _train_steps(s: Session, cfg: ExGRPOConfig, tracker: MlflowRun, evaluator, r
             pictures = _named(log_pictures, "pictures", step)(s, tracker, step, stats, ent)
             ent = _Entropies(step + 1)
         if ckpt_due:  # a crash before this point replays the step from the previous checkpoint
+            guard.check(full=True)  # never a checkpoint past a damaged database
             _named(checkpoint_step, "checkpoint", step)(s, tracker, step)
     summary = _summary(s, stats)
     if evaluator and cfg.eval.final:
@@ -327,7 +332,7 @@ def end_status(e: BaseException) -> str:
     return "failed"
 
 
-def _record_end(s: Session, tracker: MlflowRun | None, status: str) -> str:
+def _record_end(s: Session, tracker: MlflowRun | None, status: str, database: bool = True) -> str:
     """Mark the run failed (an error), stopped (by a monitor; MLflow FAILED) or killed (Ctrl-C, a Prefect
     cancellation's SIGTERM) in MLflow and the database; a failure to record is reported, never raised over
     the error that ended the run. Returns where it was recorded, in words."""
@@ -340,8 +345,9 @@ def _record_end(s: Session, tracker: MlflowRun | None, status: str) -> str:
         print(f"could not record run {s.run_id} as {status} in MLflow ({getattr(tracker, 'uri', '?')}): "
               f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
     try:
-        s.store.update_run(s.run_id, status=status)
-        done.insert(0, "the experience database")
+        if database:  # not into a deleted, replaced or damaged SQLite file
+            s.store.update_run(s.run_id, status=status)
+            done.insert(0, "the experience database")
     except Exception as e:  # noqa: BLE001
         print(f"could not record run {s.run_id} as {status} in the experience database: "
               f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
