@@ -45,6 +45,16 @@ target_weights = _cached(queries.target_weights)
 replay_ratio = _cached(queries.replay_ratio)
 
 
+def no_replay_reason(url: str, runs: pd.DataFrame, where: str = "in this run") -> str | None:
+    """Why these runs have replayed nothing, when one reason holds for all: replay off (`buffer.replay_ratio`
+    0: it never will) or never switched on; None otherwise (replay on, the pool empty so far)."""
+    if all(replay_ratio(url, rid) == 0 for rid in runs["id"]):
+        return f"replay is off {where} (`buffer.replay_ratio` is 0)"
+    if runs["replay_started_step"].isna().all():
+        return f"replay never became active {where}"
+    return None
+
+
 @contextmanager
 def explained() -> Iterator[None]:
     """Run a page body; a known problem becomes a message on the page, anything else a short error."""
@@ -215,7 +225,8 @@ def run_links(url: str, chosen: pd.DataFrame) -> pd.DataFrame:
 def show_links(url: str, chosen: pd.DataFrame) -> None:
     """A table linking each run to its MLflow run and Prefect flow run (pages where a web UI exists)."""
     table = run_links(url, chosen)
-    st.dataframe(table, hide_index=True, width="stretch", column_config={
+    ids = {"MLflow run": "not logged", "Prefect flow run": "not recorded"}  # words, not a bare None
+    st.dataframe(table.fillna(ids), hide_index=True, width="stretch", column_config={
         "MLflow page": st.column_config.LinkColumn(display_text="open in MLflow"),
         "Prefect page": st.column_config.LinkColumn(display_text="open in Prefect")})
     if table["MLflow page"].isna().all() and table["MLflow run"].notna().any():

@@ -42,9 +42,10 @@ def _headline(run, m: pd.DataFrame, label: str | None, ratio: float | None) -> N
         st.info(f"{who}eplay never became active in this run: it stays on-policy until a step's fraction of correct "
                 "rollouts passes `buffer.start_threshold`. Buckets and retired "
                 "questions are still tracked; the pool starts collecting once replay is on.")
-    elif m.loc[m.key == M.REPLAYED_SAMPLES, "value"].sum() == 0:
+    elif m.loc[m.key == M.REPLAYED_SAMPLES, "value"].sum() == 0:  # ratio 0 took the first branch
         st.info(f"{who}eplay is on since step {start}, but no trajectory has been replayed yet: the pool is still "
-                "empty, or `buffer.replay_ratio` is 0 (plain on-policy GRPO).")
+                "empty (it collects correct responses of questions with 0 < k < K once replay is on)"
+                + (", or `buffer.replay_ratio` is 0 (its config does not say)" if ratio is None else "") + ".")
 
 
 def _buckets(m: pd.DataFrame, chosen: pd.DataFrame, K: int, continuous: bool = False) -> None:
@@ -104,7 +105,9 @@ def _replay_targets(url: str, chosen: pd.DataFrame, names: dict[str, str]) -> No
         weights, weighting = ui.target_weights(url, run.id)
         total = int(counts["replayed"].sum())
         if total == 0:
-            notes.append(f"{names[run.id]} has replayed nothing yet.")
+            why = ui.no_replay_reason(url, chosen[chosen.id == run.id], "in it")
+            notes.append(f"{names[run.id]} has replayed nothing: {why}." if why else
+                         f"{names[run.id]} has replayed nothing yet.")
         got = dict(zip(counts["k"], counts["replayed"]))
         for k in sorted(set(got) | set(weights)):
             rows.append({"run": names[run.id], "k": k, "replayed": got.get(k, 0),

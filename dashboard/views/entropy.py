@@ -62,8 +62,9 @@ def _replayed_over_steps(url: str, chosen: pd.DataFrame, names: dict[str, str]) 
                                  dash=dash, domain=[names[r] for r in chosen["id"]] if multi else None),
                     width="stretch")
     if not any_replay:
-        st.info(("These runs have" if multi else "This run has") +
-                " not replayed any trajectory yet, so only fresh rollouts are shown.")
+        why = ui.no_replay_reason(url, chosen, "in them" if multi else "in it")
+        st.info(("These runs have" if multi else "This run has") + " not replayed any trajectory"
+                + (f": {why}" if why else " yet") + "; only fresh rollouts are shown.")
 
 
 def body(url: str, chosen: pd.DataFrame, names: dict[str, str]) -> None:
@@ -98,10 +99,8 @@ def body(url: str, chosen: pd.DataFrame, names: dict[str, str]) -> None:
     st.subheader("Fresh vs replayed")
     hist = _section(url, chosen, names, lo, hi, "source", "fresh rollouts and replayed experience")
     if not hist.empty and "replayed" not in set(hist["group"]):
-        never = chosen["replay_started_step"].isna().all()
-        st.info("Nothing was replayed in this step range" + (
-            ": replay never became active in this run" if never and len(chosen) == 1 else
-            ": replay never became active in these runs" if never else "") + ".")
+        why = ui.no_replay_reason(url, chosen, "in this run" if len(chosen) == 1 else "in these runs")
+        st.info("Nothing was replayed in this step range" + (f": {why}" if why else "") + ".")
     st.subheader("By bucket")
     _section(url, chosen, names, lo, hi, "bucket", "entropy by the k of the group each rollout was verified in")
     _replayed_over_steps(url, chosen, names)

@@ -29,7 +29,10 @@ def render() -> None:
         col.metric(status, int(counts.get(status, 0)))
     st.caption("Key metrics are those of each run's last completed step; `replay` says whether experience "
                "replay is on (it starts once a step's fraction of correct rollouts passes the threshold).")
-    st.dataframe(runs[list(COLUMNS)].rename(columns=COLUMNS), hide_index=True, width="stretch",
+    table = runs[list(COLUMNS)].rename(columns=COLUMNS)
+    since = table["replay since step"]  # a run that never replayed: "never", not a bare None
+    table["replay since step"] = since.map(lambda v: "never" if pd.isna(v) else str(int(v)))
+    st.dataframe(table, hide_index=True, width="stretch",
                  column_config={"reward": st.column_config.NumberColumn(format="%.3f"),
                                 "fresh pass@1": st.column_config.NumberColumn(format="%.3f")})
 

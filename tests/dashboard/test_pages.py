@@ -53,6 +53,9 @@ def test_runs_page_lists_both_runs_with_their_metrics(dashboard_env):
     assert table.loc["exgrpo", "steps"] == 8 and table.loc["on-policy", "steps"] == 5
     assert table.loc["exgrpo", "reward"] == pytest.approx(last_metric(t, "exgrpo", M.REWARD_MEAN))
     assert table.loc["on-policy", "replay"] == False  # noqa: E712 - numpy bool
+    assert table.loc["on-policy", "replay since step"] == "never"  # a word, not a bare None
+    start = t.one("select replay_started_step from runs where name='exgrpo'")
+    assert table.loc["exgrpo", "replay since step"] == str(M.step_number(start))
     assert charts(at) == 2  # reward and pass@1 of the selected runs
 
 
@@ -75,7 +78,9 @@ def test_buffer_page_explains_a_run_without_replay(dashboard_env):
     assert metrics_of(at)["replay on since step"] == "never"
     assert "Replay is off in this run: `buffer.replay_ratio` is 0" in shown_text(at)  # the cause, not the threshold
     assert "no importance weights" in shown_text(at)
-    assert "has replayed nothing yet" in shown_text(at)
+    text = shown_text(at)  # the reason replay holds for this run, not "yet" (it never will replay)
+    assert "has replayed nothing: replay is off in it (`buffer.replay_ratio` is 0)." in text
+    assert "replayed nothing yet" not in text and "None" not in text
 
 
 def _stats(at: AppTest, i: int) -> dict[str, int]:
@@ -109,8 +114,10 @@ def test_entropy_page_counts_match_the_database_and_follow_the_step_range(dashbo
 
 def test_entropy_page_on_a_run_without_replay(dashboard_env):
     at = open_page("entropy", dashboard_env.ids["on-policy"])
-    assert "replay never became active in this run" in shown_text(at)
-    assert "has not replayed any trajectory yet" in shown_text(at)
+    text = shown_text(at)  # replay_ratio 0 is the reason (the threshold would stop it too)
+    assert "Nothing was replayed in this step range: replay is off in this run (`buffer.replay_ratio` is 0)." in text
+    assert "This run has not replayed any trajectory: replay is off in it (`buffer.replay_ratio` is 0)" in text
+    assert "yet" not in text.split("This run has not replayed any trajectory", 1)[1][:20] and "None" not in text
 
 
 def test_experience_browser_filters_and_shows_a_question(dashboard_env):
