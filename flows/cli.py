@@ -158,19 +158,30 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     from exgrpo_core.store.engine import mask_url, parse_url
     from flows.tracking import resolve_tracking_uri
 
+    from flows import dashboard_gate as gate
+
+    login = os.environ.get(gate.LOGIN_ENV)
+    problem = gate.serving_problem(args.host, login)
+    if problem:
+        console.print("[red]error[/red]: " + escape(problem))
+        return 2
     cfg = load_config(args.config, args.set) if args.config else ExGRPOConfig()
     db_url, source = dashboard_db_url(args.db_url, cfg)
     if not db_url.startswith("sqlite"):  # a bad server URL is one clear error; a missing SQLite file (or
         parse_url(db_url)                # folder) is explained on the page until training creates it
     mlflow_uri = reveal_url(args.mlflow_uri, "MLFLOW_TRACKING_URI") or resolve_tracking_uri(cfg)
     app = os.path.join(os.path.dirname(importlib.util.find_spec("dashboard").origin), "app.py")
-    console.print(f"dashboard on http://{args.host}:{args.port} | database {escape(mask_url(db_url))} ({source}) "
-                  f"| MLflow {escape(mask_url(mlflow_uri))}")
-    env = {**os.environ, "EXGRPO_DB_URL": db_url, "MLFLOW_TRACKING_URI": mlflow_uri}
-    cmd = [sys.executable, "-m", "streamlit", "run", app, "--server.headless=true", f"--server.port={args.port}",
-           f"--server.address={args.host}", "--browser.gatherUsageStats=false", "--client.toolbarMode=minimal",
+    mlflow_env, reader = gate.mlflow_env(os.environ)
+    console.print(f"dashboard on http://{args.host}:{args.port}{' (login ' + gate.LOGIN_ENV + ')' if login else ''} "
+                  f"| database {escape(mask_url(db_url))} ({source}) | MLflow {escape(mask_url(mlflow_uri))}{reader}")
+    env = {**mlflow_env, "EXGRPO_DB_URL": db_url, "MLFLOW_TRACKING_URI": mlflow_uri}
+    host, port = ("127.0.0.1", gate.free_loopback_port()) if login else (args.host, args.port)
+    cmd = [sys.executable, "-m", "streamlit", "run", app, "--server.headless=true", f"--server.port={port}",
+           f"--server.address={host}", "--browser.gatherUsageStats=false", "--client.toolbarMode=minimal",
            "--server.fileWatcherType=none"]
     sys.stdout.flush()
+    if login:  # Streamlit on a loopback port, the login gate at --host:--port
+        return gate.serve(cmd, env, args.host, args.port, login, port)
     os.execve(sys.executable, cmd, env)  # this process becomes Streamlit: signals and Ctrl-C reach it directly
 
 

@@ -31,6 +31,9 @@ EXGRPO_WORK_POOL="${EXGRPO_WORK_POOL:-exgrpo-process}"
 # EXGRPO_PREFECT_AUTH_STRING: `user:password` every Prefect API call must carry (server:
 #   PREFECT_SERVER_API_AUTH_STRING; worker and `env`: PREFECT_API_AUTH_STRING).
 EXGRPO_MLFLOW_ADMIN_USER="${EXGRPO_MLFLOW_ADMIN_USER:-admin}"
+# EXGRPO_MLFLOW_READER_PASSWORD: the dashboard's read-only MLflow login, user EXGRPO_MLFLOW_READER_USER
+#   (`up` creates it; `env` exports it, and `exgrpo dashboard` reads MLflow with it, never as the admin)
+EXGRPO_MLFLOW_READER_USER="${EXGRPO_MLFLOW_READER_USER:-exgrpo_reader}"
 EXGRPO_MLFLOW_AUTH_DB_URL="${EXGRPO_MLFLOW_AUTH_DB_URL:-sqlite:///$EXGRPO_STATE_DIR/mlflow-auth.db}"  # its users
 EXGRPO_START_TIMEOUT="${EXGRPO_START_TIMEOUT:-180}"      # seconds to wait for a server's health check
 

@@ -32,6 +32,7 @@ check_settings() {
 service_env() {  # `env` arguments of every service process and Prefect CLI call
   ENV=(env -u PREFECT_PROFILE -u PGPASSWORD -u EXGRPO_MLFLOW_ADMIN_PASSWORD -u EXGRPO_PREFECT_AUTH_STRING
        -u EXGRPO_TRAIN_PASSWORD -u EXGRPO_DASHBOARD_PASSWORD -u EXGRPO_SERVICES_PASSWORD
+       -u EXGRPO_MLFLOW_READER_PASSWORD
        PREFECT_HOME="$EXGRPO_STATE_DIR/prefect-home"
        PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_API_URL="$EXGRPO_PREFECT_API_URL")
   [[ -f "$EXGRPO_PGPASSFILE" ]] && ENV+=(PGPASSFILE="$EXGRPO_PGPASSFILE")
@@ -97,6 +98,28 @@ worker_cmd() {  # the worker creates the process pool when it does not exist yet
   with_secrets PREFECT_API_AUTH_STRING=EXGRPO_PREFECT_AUTH_STRING MLFLOW_TRACKING_PASSWORD=EXGRPO_MLFLOW_ADMIN_PASSWORD
 }
 
+mlflow_reader() {  # the dashboard's read-only MLflow login (EXGRPO_MLFLOW_READER_PASSWORD): created or its
+  # password set, through the admin's login; MLflow's default permission (READ) is all it gets
+  [[ -n "${EXGRPO_MLFLOW_ADMIN_PASSWORD:-}" && -n "${EXGRPO_MLFLOW_READER_PASSWORD:-}" ]] || return 0
+  EXGRPO_MLFLOW_READER_USER="$EXGRPO_MLFLOW_READER_USER" EXGRPO_MLFLOW_ADMIN_USER="$EXGRPO_MLFLOW_ADMIN_USER" \
+  "$EXGRPO_PYTHON" - "$EXGRPO_MLFLOW_URL" <<'PY' \
+    || { echo "mlflow: could not set up the read-only login" >&2; return 1; }
+import base64, json, os, sys, urllib.error, urllib.request
+admin = f"{os.environ['EXGRPO_MLFLOW_ADMIN_USER']}:{os.environ['EXGRPO_MLFLOW_ADMIN_PASSWORD']}"
+user, password = os.environ["EXGRPO_MLFLOW_READER_USER"], os.environ["EXGRPO_MLFLOW_READER_PASSWORD"]
+def call(method, path, body):
+    req = urllib.request.Request(sys.argv[1] + path, data=json.dumps(body).encode(), method=method, headers={
+        "Content-Type": "application/json", "Authorization": "Basic " + base64.b64encode(admin.encode()).decode()})
+    with urllib.request.urlopen(req, timeout=90) as r:
+        return r.status
+try:
+    call("POST", "/api/2.0/mlflow/users/create", {"username": user, "password": password})
+except urllib.error.HTTPError:  # it exists: its password is the one given now
+    call("PATCH", "/api/2.0/mlflow/users/update-password", {"username": user, "password": password})
+PY
+  echo "mlflow: read-only login $EXGRPO_MLFLOW_READER_USER (the dashboard's)"
+}
+
 worker_online() {  # worker_online [SINCE_EPOCH]: the pool lists our worker ONLINE, heartbeat after SINCE
   "$EXGRPO_PYTHON" - "$EXGRPO_PREFECT_API_URL/work_pools/$EXGRPO_WORK_POOL/workers/filter" \
     "$WORKER_NAME" "${1:-0}" <<'PY' 2>/dev/null
@@ -136,6 +159,10 @@ print_env() {
   [[ -n "${EXGRPO_PREFECT_AUTH_STRING:-}" ]] && echo 'export PREFECT_API_AUTH_STRING="$EXGRPO_PREFECT_AUTH_STRING"'
   [[ -n "${EXGRPO_MLFLOW_ADMIN_PASSWORD:-}" ]] && echo "export MLFLOW_TRACKING_USERNAME='$EXGRPO_MLFLOW_ADMIN_USER'" \
     && echo 'export MLFLOW_TRACKING_PASSWORD="$EXGRPO_MLFLOW_ADMIN_PASSWORD"'
+  # the dashboard reads MLflow as the read-only login instead (flows/dashboard_gate.py)
+  [[ -n "${EXGRPO_MLFLOW_READER_PASSWORD:-}" ]] \
+    && echo "export EXGRPO_MLFLOW_READER_USER='$EXGRPO_MLFLOW_READER_USER'" \
+    && echo 'export EXGRPO_MLFLOW_READER_PASSWORD="$EXGRPO_MLFLOW_READER_PASSWORD"'
   return 0
 }
 
@@ -153,6 +180,7 @@ case "$cmd" in
     prefect_cmd; proc_launch prefect "$EXGRPO_PREFECT_API_URL/health" "${CMD[@]}"
     proc_wait mlflow "$EXGRPO_MLFLOW_URL/health"   # the two servers start in parallel (20-60 s each)
     proc_wait prefect "$EXGRPO_PREFECT_API_URL/health"
+    mlflow_reader
     worker_cmd; proc_launch worker - "${CMD[@]}"
     wait_worker
     echo "all services up; use them with: eval \"\$($0 env)\""
@@ -166,7 +194,8 @@ case "$cmd" in
       mlflow|prefect|worker)
         mkdir -p "$EXGRPO_STATE_DIR"
         # a container given its own role's password writes a pass file with that role only
-        [[ -z "${EXGRPO_TRAIN_PASSWORD:-}${EXGRPO_DASHBOARD_PASSWORD:-}${EXGRPO_SERVICES_PASSWORD:-}" ]] || _write_pgpass
+        pws="${EXGRPO_TRAIN_PASSWORD:-}${EXGRPO_DASHBOARD_PASSWORD:-}${EXGRPO_SERVICES_PASSWORD:-}"
+        [[ -z "$pws" ]] || _write_pgpass
         "${2}_cmd"; exec "${CMD[@]}" ;;
       *) echo "usage: $0 serve mlflow|prefect|worker" >&2; exit 2 ;;
     esac

@@ -236,3 +236,25 @@ def test_the_deployment_runs_with_the_logins_and_no_flow_run_keeps_the_password(
     masked_url = pg_database.render_as_string(hide_password=False).replace("postgres@", "postgres:***@")
     for fr_id in (form_run, child_run):
         assert f"run.db_url={masked_url}" in runs[fr_id]["parameters"]["overrides"]
+
+
+def test_the_dashboards_mlflow_login_reads_and_changes_nothing(servers):
+    """`services.sh up` creates the read-only login (`mlflow_reader`; again: its password is the new one), and
+    `env` exports it for `exgrpo dashboard`; it may read every experiment and change none of the admin's."""
+    uri, admin = servers["mlflow"], f"admin:{ADMIN_PASSWORD}"
+    for password in ("reader-" + secrets.token_hex(6), "reader-" + secrets.token_hex(6)):
+        env = {**servers["env"], "EXGRPO_MLFLOW_URL": uri, "EXGRPO_MLFLOW_READER_PASSWORD": password}
+        out = subprocess.run(["bash", "-c", f"source {SERVICES} env >/dev/null; mlflow_reader; {SERVICES} env"],
+                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "export EXGRPO_MLFLOW_READER_USER='exgrpo_reader'" in out.stdout and password not in out.stdout
+    reader = f"exgrpo_reader:{password}"
+    experiment = uri + "/api/2.0/mlflow/experiments"
+    assert _status(experiment + "/create", admin, {"name": "admins-" + secrets.token_hex(4)}) == 200
+    assert _status(experiment + "/search?max_results=5", reader) == 200
+    assert _status(experiment + "/search?max_results=5", "exgrpo_reader:wrong-password") == 401
+    with urllib.request.urlopen(urllib.request.Request(experiment + "/search?max_results=50", headers={
+            "Authorization": "Basic " + base64.b64encode(admin.encode()).decode()}), timeout=90) as r:
+        eid = next(e["experiment_id"] for e in json.load(r)["experiments"] if e["name"].startswith("admins-"))
+    assert _status(experiment + "/update", reader, {"experiment_id": eid, "new_name": "taken"}) == 403
+    assert _status(experiment + "/delete", reader, {"experiment_id": eid}) == 403
