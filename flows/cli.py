@@ -24,7 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from flows import cli_tools
+from flows import cli_tools, what_if_cli
 
 console = Console(highlight=False, soft_wrap=True)  # lines are never wrapped: a narrow terminal wraps them itself
 
@@ -463,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--dry-run", action="store_true", help="print the command and stop")
     rs.add_argument("vllm_args", nargs=argparse.REMAINDER, help="more `vllm serve` flags, after --")
     rs.set_defaults(fn=cli_tools.cmd_rollout_server)
+    what_if_cli.add_parser(sub, _config_args)
     return p
 
 
@@ -491,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
 _USER_ERRORS = {"ConfigError", "DataError", "StoreError", "TrackingError", "ModelLoadError", "ResumeError",
                 "VLLMUnavailable", "BudgetError", "RemoteEngineError", "RunLockedError",
                 "CheckpointError", "PrefectStartError", "AlreadyFinishedError", "CancelledRun", "ParallelError",
-                "ChildrenFailedError", "DependencyError", "RewardPluginError", "RewardServerError"}
+                "ChildrenFailedError", "DependencyError", "RewardPluginError", "RewardServerError", "WhatIfError"}
 
 if __name__ == "__main__":
     sys.exit(main())
