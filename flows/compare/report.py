@@ -44,7 +44,11 @@ def arm_result(store: ExperienceStore, run_id: str, arm: str, seed: int, slots: 
     under the held-out curve, and per-question results of the first and last evaluation (`eval_dir`:
     the run's eval/ folder of samples.jsonl files).
     """
-    K = (store.get_run(run_id) or {}).get("group_size") or 0
+    run = store.get_run(run_id) or {}
+    K = run.get("group_size") or 0
+    reward = (run.get("config") or {}).get("reward", {})
+    continuous = reward.get("kind", "auto") == "continuous" or (reward.get("kind", "auto") == "auto"
+                                                                and bool(reward.get("fn") or reward.get("url")))
     buckets = [M.bucket_key(k) for k in range(K + 1)]
     m = store.get_metrics(run_id, list(CURVE_KEYS) + buckets + [k for k, _, _ in STALENESS])
     steps = [s for s, _ in m.get(M.REWARD_MEAN, [])]
@@ -54,7 +58,7 @@ def arm_result(store: ExperienceStore, run_id: str, arm: str, seed: int, slots: 
     groups = store.group_slots(run_id)
     trace = [(step, *groups.get(step, (0, 0)), g, r) for step, g, r in zip(steps, generated, replayed)]
     last = {k: (v[-1] if v else math.nan) for k, v in curve.items()}
-    row = {"arm": arm, "seed": seed, "run_id": run_id, "steps": len(steps),
+    row = {"arm": arm, "seed": seed, "run_id": run_id, "steps": len(steps), "continuous": continuous,
            "final_reward": last[M.REWARD_MEAN], "mean_reward": _mean(curve[M.REWARD_MEAN]),
            "final_fresh_pass1": last[M.FRESH_PASS1],
            "responses_generated": sum(generated), "responses_per_step_min": min(generated, default=math.nan),
@@ -286,7 +290,11 @@ def write_report(results: list[dict], out_dir: Path, name: str, meta: dict,
     header, cells = table_rows(all_rows, meta.get("row_label", "arm"), tuple(meta.get("skip_columns", ())))
     stem = out_dir / f"{prefix}_{name}"
     skip = tuple(meta.get("skip_columns", ()))
-    md = [f"# {meta.get('title', 'Comparison')} `{name}`", "", *meta.get("notes", []), "",
+    notes = list(meta.get("notes", []))
+    if any(r.get("continuous") for r in rows):
+        notes.append("Continuous rewards (docs/rewards.md): *training reward* and *fresh pass@1* are mean rewards "
+                     "in [0, 1], and the buckets are reward-spread buckets; held-out pass@1 is the benchmarks' own grading.")
+    md = [f"# {meta.get('title', 'Comparison')} `{name}`", "", *notes, "",
           *markdown_tables(all_rows, meta.get("row_label", "arm"), skip)]
     collapsed = compare_stats.collapses(rows)
     md += compare_stats.markdown(paired, buckets, collapsed, meta.get("row_label", "arm"))

@@ -202,3 +202,16 @@ def test_slots_to_reach_on_policy_final_held_out(tmp_path):
     paths = report.write_report(results, tmp_path / "out", "h", {})
     assert Path(paths["png_heldout"]).read_bytes()[:4] == b"\x89PNG"
     store.close()
+
+
+def test_a_comparison_of_continuous_reward_runs_says_what_its_rewards_are(tmp_path):
+    store = ExperienceStore(f"sqlite:///{tmp_path / 'e.db'}")
+    binary = report.arm_result(store, _child(store, [(8, 0, 0)], [0.5]), "exgrpo", 0, 64, None)
+    plain = Path(report.write_report([binary], tmp_path / "b", "b", {})["md"]).read_text()
+    run_id = uuid.uuid4().hex
+    store.start_run(run_id, "cont", "tiny", {"reward": {"fn": "arith_format", "kind": "auto"}}, 8)
+    cont = report.arm_result(store, run_id, "exgrpo", 1, 64, None)
+    md = Path(report.write_report([binary, cont], tmp_path / "c", "c", {})["md"]).read_text()
+    assert not binary["row"]["continuous"] and cont["row"]["continuous"]
+    assert "Continuous rewards" not in plain and "*fresh pass@1* are mean rewards" in md
+    store.close()
