@@ -135,6 +135,18 @@ def _worker_main(conn, require_think: bool, test_hooks: bool) -> None:
     import logging
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" notice: we time out here
     import math_verify  # noqa: F401  - pay the import before announcing readiness
+
+    def one(response, answer):
+        if response is None:  # a gold answer to check once (MathVerifier.check_golds)
+            return _check_gold(answer)
+        return grade(response, answer, require_think=require_think)
+
+    serve_items(conn, one, test_hooks)
+
+
+def serve_items(conn, score, test_hooks: bool) -> None:
+    """A verifier process's loop: say "ready", then send score(response, payload) for each item of each
+    batch received, one message per item as it is done, until None or the pipe closes."""
     conn.send("ready")
     while True:
         try:
@@ -143,13 +155,10 @@ def _worker_main(conn, require_think: bool, test_hooks: bool) -> None:
             return
         if batch is None:
             return
-        for response, answer in batch:
-            if response is None:  # a gold answer to check once (MathVerifier.check_golds)
-                conn.send(_check_gold(answer))
-                continue
-            if test_hooks and (sleep := _TEST_SLEEP.search(response)):
+        for response, payload in batch:
+            if test_hooks and response is not None and (sleep := _TEST_SLEEP.search(response)):
                 time.sleep(float(sleep.group(1)))
-            conn.send(grade(response, answer, require_think=require_think))
+            conn.send(score(response, payload))
 
 
 def _context():

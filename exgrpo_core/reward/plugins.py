@@ -18,7 +18,6 @@ import json
 import math
 import os
 import sys
-import time
 from importlib import metadata
 
 from exgrpo_core.reward import grading
@@ -155,18 +154,7 @@ def _worker_main(conn, spec: str, binary: bool, paths: list[str], test_hooks: bo
     except RewardPluginError as e:
         conn.send(("error", str(e)))
         return
-    conn.send("ready")
-    while True:
-        try:
-            batch = conn.recv()
-        except EOFError:
-            return
-        if batch is None:
-            return
-        for response, row in batch:
-            if test_hooks and (sleep := grading._TEST_SLEEP.search(response)):
-                time.sleep(float(sleep.group(1)))
-            conn.send(call(fn, row, response, binary))
+    grading.serve_items(conn, lambda response, row: call(fn, row, response, binary), test_hooks)
 
 
 class RewardFunctionPool(grading.MathVerifier):
