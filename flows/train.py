@@ -27,6 +27,7 @@ from exgrpo_core.run.checkpoint import latest_checkpoint
 from exgrpo_core.run.db_guard import DatabaseGuard
 from exgrpo_core.run.session import Session, open_session
 from flows import monitor_events
+from flows.dead_attempts import end_dead_attempts
 from flows.dependency_errors import database_lost, dependency_error, quiet_dependency_faults
 from flows.eval_tasks import TrainingEvaluator
 from flows.input_checks import USER_ERRORS, check_form_config
@@ -183,6 +184,7 @@ def train(preset: Preset = "tiny", run_name: RunName = "", steps: Steps = 0, rep
     guard = DatabaseGuard(s.store.url)  # an SQLite file deleted or damaged under the run is found
     tracker: MlflowRun | None = None
     try:  # from here on every way out leaves the run with a true status in the database and MLflow
+        end_dead_attempts(s.run_dir, cfg.run.name, current_flow_run.get_id())  # holding the lock: they died
         tags = {"exgrpo.run_id": s.run_id, "exgrpo.preset": cfg.preset,
                 **link_tags(cli_equivalent(cfg.preset, sets) if sets is not None else None)}
         tracker = MlflowRun(cfg, s.mlflow_run_id, tags=tags, parent_run_id=parent_mlflow_run_id or None)
