@@ -1,5 +1,5 @@
 """`exgrpo replay-what-if`: what another selection policy would have replayed from a finished run's pool
-(exgrpo_core/observe/what_if.py), beside what the run replayed. Reads only."""
+(exgrpo_core.store.what_if.py), beside what the run replayed. Reads only."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def cmd_what_if(args: argparse.Namespace) -> int:
     from sqlalchemy.engine import make_url
 
     from exgrpo_core.config.load import load_config
-    from exgrpo_core.observe.what_if import what_if
+    from exgrpo_core.store.what_if import what_if
     from exgrpo_core.reward.reverify import find_run
     from exgrpo_core.store.engine import StoreError
     from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url

@@ -6,10 +6,8 @@ parsed and compared with the gold by math-verify; model output is parsed, never 
 `MathVerifier` runs `grade` in worker processes (forkserver/spawn, never fork: callers hold torch
 threads) so that a per-item timeout can kill a hung sympy call; math-verify's own signal alarms work
 only in a main thread and are switched off here. (code) requires a `<think>` block: `require_think`.
-Multiple-choice rows (the OOD benchmarks, by `data_source` or a reward style: `grader_for`) are graded
-by `grade_choice`, regular expressions over the text in the calling process; `grade_rows` sends each
-row to its grader. Neither grader ever executes model output.
-"""
+Multiple-choice rows (`grader_for`) are graded by `grade_choice`, regular expressions in the calling
+process; `grade_rows` sends each row to its grader. Neither grader ever executes model output."""
 
 from __future__ import annotations
 
@@ -135,13 +133,8 @@ def _worker_main(conn, require_think: bool, test_hooks: bool) -> None:
     import logging
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" notice: we time out here
     import math_verify  # noqa: F401  - pay the import before announcing readiness
-
-    def one(response, answer):
-        if response is None:  # a gold answer to check once (MathVerifier.check_golds)
-            return _check_gold(answer)
-        return grade(response, answer, require_think=require_think)
-
-    serve_items(conn, one, test_hooks)
+    serve_items(conn, lambda response, answer: _check_gold(answer) if response is None  # a gold to check once
+                else grade(response, answer, require_think=require_think), test_hooks)
 
 
 def serve_items(conn, score, test_hooks: bool) -> None:
@@ -171,7 +164,7 @@ def _context():
 
 
 class WorkerStartError(RuntimeError):
-    """A verifier process could not start its grader (a reward function that fails to import): one line."""
+    """A verifier process could not start its grader (a reward function that does not import): one line."""
 
 
 class _Worker:

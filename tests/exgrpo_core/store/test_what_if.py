@@ -8,7 +8,7 @@ import torch
 
 from exgrpo_core import loop
 from exgrpo_core.config.load import load_config
-from exgrpo_core.observe import what_if as W
+from exgrpo_core.store import what_if as W
 from exgrpo_core.run.session import open_session
 
 
