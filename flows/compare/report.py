@@ -17,6 +17,7 @@ from exgrpo_core import metrics as M
 from exgrpo_core.evaluation import stats
 from exgrpo_core.store.experience_store import ExperienceStore
 from flows.compare import stats as compare_stats
+from flows.compare.stats import md_escape
 
 CURVE_KEYS = (M.REWARD_MEAN, M.FRESH_PASS1, M.RESPONSES, M.REPLAYED_SAMPLES, M.BUFFER_QUESTIONS,
               M.BUFFER_TRAJECTORIES, M.RETIRED_QUESTIONS)
@@ -262,13 +263,6 @@ def _columns(rows: list[dict], row_label: str, skip: tuple[str, ...]) -> list[tu
     cols = [("arm", row_label), *COLUMNS[1:2], *([("status", "status")] if any("status" in r for r in rows) else []),
             *COLUMNS[2:5], *[(f"heldout:{b}", f"{b} pass@1") for b in benches], *COLUMNS[5:]]
     return [c for c in cols if c[0] not in skip]
-
-
-def md_escape(text) -> str:
-    """Text shown as-is in Markdown: `*`, backticks, brackets, `|`, a `<` that could open a tag and word-edge `_`
-    backslashed (an underscore inside a word, as in `rho_0.25`, never emphasises, so it stays readable)."""
-    text = re.sub(r"([\\`*\[\]|])", r"\\\1", str(text))
-    return re.sub(r"(?<!\w)_|_(?!\w)", r"\_", re.sub(r"<(?=[A-Za-z/!?])", r"\<", text))
 
 
 def _cell(r: dict, key: str) -> str:

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import math
 
+import re
+
 from exgrpo_core.evaluation import stats
+
+
+def md_escape(text) -> str:
+    """Text shown as-is in Markdown: `*`, backticks, brackets, `|`, a `<` that could open a tag and word-edge `_`
+    backslashed (an underscore inside a word, as in `rho_0.25`, never emphasises, so it stays readable)."""
+    text = re.sub(r"([\\`*\[\]|])", r"\\\1", str(text))
+    return re.sub(r"(?<!\w)_|_(?!\w)", r"\_", re.sub(r"<(?=[A-Za-z/!?])", r"\<", text))
 
 BASELINE = "on_policy"
 # row key -> (label, what a positive difference means)
@@ -240,8 +249,7 @@ def replay_buckets(rows: list[dict]) -> dict:
 
 def markdown(paired: dict, buckets: dict, collapsed: dict | None = None, label: str = "arm") -> list[str]:
     """The statistics section of the comparison's Markdown; `label` heads the rows' column (a sweep's are grid
-    points). Row names are escaped (flows/compare/report.py md_escape)."""
-    from flows.compare.report import md_escape
+    points). Row names are escaped (`md_escape`)."""
 
     lines = _collapse_lines(collapsed, label) if collapsed and any(c["collapsed"] for c in collapsed.values()) else []
     lines += [] if not paired else ["", "## Paired against on_policy", "", *paired_legend(_family(paired)), "",
@@ -328,7 +336,6 @@ def _summary_list(s: dict, key: str = "", verdict_key: str = "final_verdict", p_
         boot += f" (n < {stats.MIN_BOOTSTRAP_SEEDS})"
     flip = _p(s.get("p_signflip"))
     flip = flip if s.get("signflip_exact", True) or flip == "—" else f"~{flip}"
-    from flows.compare.report import md_escape
 
     verdict = md_escape(s.get(verdict_key, s["verdict"]))  # it names arms and causes: shown as written
     return [f"{s['n']}/{s['paired_seeds']}", _f(s["arm_mean"], digits), _f(s["baseline_mean"], digits),
@@ -337,7 +344,6 @@ def _summary_list(s: dict, key: str = "", verdict_key: str = "final_verdict", p_
 
 
 def _censored_counts(paired: dict) -> str:
-    from flows.compare.report import md_escape
 
     return "; ".join(f"{md_escape(arm)}: {c['only_arm']} seed(s) only the arm reached it, {c['only_baseline']} only on_policy, "
                      f"{c['neither']} neither" for arm, m in paired.items()
@@ -356,7 +362,6 @@ def _p(p) -> str:
 
 
 def _collapse_lines(collapsed: dict, label: str = "arm") -> list[str]:
-    from flows.compare.report import md_escape
 
     lines = ["", "## Collapsed runs", "",
              f"A run collapsed when its final held-out pass@1 is below {COLLAPSE_FRACTION:g} x its step-0 value. "
