@@ -54,6 +54,14 @@ def database_lost(exc: BaseException) -> bool:
     return any(isinstance(e, DatabaseLostError) or _is_damaged(e) for e in _chain(exc))
 
 
+def _sqlite_full(exc: BaseException) -> bool:
+    """SQLite's SQLITE_FULL (the experience database's or a local MLflow store's disk is full)."""
+    import sqlite3
+
+    orig = getattr(exc, "orig", exc)
+    return isinstance(orig, sqlite3.OperationalError) and "database or disk is full" in str(orig)
+
+
 def _is_database(exc: BaseException) -> bool:
     mod = type(exc).__module__
     if mod.startswith("sqlalchemy"):
@@ -76,6 +84,8 @@ def kind(exc: BaseException) -> str | None:
     for e in _chain(exc):
         if isinstance(e, DependencyError):
             return getattr(e, "kind", None)
+        if _sqlite_full(e):
+            return "disk"
         if isinstance(e, DatabaseLostError) or _is_database(e):
             return "database"
         if _is_mlflow(e):
@@ -116,13 +126,31 @@ def dependency_error(exc: BaseException, cfg, run_dir: Path, recorded: str) -> D
 
         head = f"the MLflow server at {mask_text(resolve_tracking_uri(cfg))} stopped answering"
     else:
-        where = Path(cause.filename).parent if getattr(cause, "filename", None) else run_dir
-        head = f"the disk under {where} is full"
+        head = _disk_line(cause, cfg, run_dir)
     then = "once there is space" if what == "disk" else "once it answers again"
     err = DependencyError(f"{head}; run '{cfg.run.name}' {recorded}; {then}, rerun the same command to resume "
                           "from the last checkpoint")
     err.kind = what
     return err
+
+
+def _disk_line(cause: BaseException, cfg, run_dir: Path) -> str:
+    """`the disk under FOLDER is full (N free[, the checkpoint needs about M])`."""
+    from exgrpo_core.run import disk_space
+
+    if _sqlite_full(cause):
+        from sqlalchemy.engine import make_url
+
+        from exgrpo_core.store.experience_store import resolve_db_url
+
+        url = make_url(resolve_db_url(cfg.run.db_url, run_dir))
+        where = Path(url.database).parent if url.get_backend_name() == "sqlite" and url.database else run_dir
+    else:
+        where = Path(cause.filename).parent if getattr(cause, "filename", None) else run_dir
+    detail = getattr(cause, "detail", "")
+    if not detail and (free := disk_space.free_bytes(where)) is not None:
+        detail = f"{disk_space.human(free)} free"
+    return f"the disk under {where} is full" + (f" ({detail})" if detail else "")
 
 
 _FAILED_RUNS: deque[str] = deque(maxlen=64)  # task and flow runs whose exception was a failed dependency

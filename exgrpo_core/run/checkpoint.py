@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from exgrpo_core import metrics as M
+from exgrpo_core.run import disk_space
 
 STATE_FILE = "trainer_state.pt"
 OPTIMIZER_SHARDS = "optimizer"
@@ -132,23 +133,38 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     final = root / folder_name(step)
     tmp = root / f".tmp_{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
-    with no_progress_bars():
-        if model_shards is not None:
-            model.config.save_pretrained(tmp)
-            model.generation_config.save_pretrained(tmp)
-            model_shards(tmp / MODEL_SHARDS)
-        else:
-            model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
-        tokenizer.save_pretrained(tmp)
-    if optimizer_shards is not None:
-        optimizer_shards(tmp / OPTIMIZER_SHARDS)
-    optim = None if optimizer_shards is not None else optimizer.state_dict()
-    torch.save({"step": step, "optimizer": optim, "rng": rng_state(), "loop": loop_state, "manifest": True},
-               tmp / STATE_FILE)  # "manifest": a missing manifest.json is damage, not an older checkpoint
-    if background is not None:
-        _PENDING[root] = (tmp, final, keep, background, before_commit)
-        return final
-    return _complete(root, tmp, final, keep, before_commit)
+    last = latest_checkpoint(run_dir)
+    needed = disk_space.folder_bytes(last) if last else None
+    try:
+        with no_progress_bars():
+            if model_shards is not None:
+                model.config.save_pretrained(tmp)
+                model.generation_config.save_pretrained(tmp)
+                model_shards(tmp / MODEL_SHARDS)
+            else:
+                model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
+            tokenizer.save_pretrained(tmp)
+        if optimizer_shards is not None:
+            optimizer_shards(tmp / OPTIMIZER_SHARDS)
+        optim = None if optimizer_shards is not None else optimizer.state_dict()
+        torch.save({"step": step, "optimizer": optim, "rng": rng_state(), "loop": loop_state, "manifest": True},
+                   tmp / STATE_FILE)  # "manifest": a missing manifest.json is damage, not an older checkpoint
+        if background is not None:
+            _PENDING[root] = (tmp, final, keep, background, before_commit)
+            return final
+        return _complete(root, tmp, final, keep, before_commit)
+    except Exception as e:
+        _raise_disk_full(e, tmp, needed)
+        raise
+
+
+def _raise_disk_full(e: Exception, tmp: Path, needed: int | None) -> None:
+    """A write that failed for lack of space, in any of its forms (disk_space.py): the partial folder is
+    removed (the previous checkpoint stays as it was) and one DiskFullError raised from `e`."""
+    if not disk_space.is_disk_full(e, tmp.parent):
+        return
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise disk_space.disk_full(tmp.parent, needed, "the checkpoint", filename=tmp) from e  # free: after removal
 
 
 def _complete(root: Path, tmp: Path, final: Path, keep: int, before_commit: Callable[[], None] | None = None) -> Path:
@@ -171,8 +187,13 @@ def finish_pending(run_dir: str | Path) -> Path | None:
     if pending is None:
         return None
     tmp, final, keep, wait, before_commit = pending
-    wait()
-    return _complete(root, tmp, final, keep, before_commit)
+    try:
+        wait()
+        return _complete(root, tmp, final, keep, before_commit)
+    except Exception as e:
+        last = latest_checkpoint(run_dir)
+        _raise_disk_full(e, tmp, disk_space.folder_bytes(last) if last else None)
+        raise
 
 
 def close_pending(run_dir: str | Path) -> Path | None:
