@@ -3,6 +3,7 @@ ones unless asked) page by page; click a row to open its question: its history o
 trajectories grouped by the step (group) they were verified in, filterable by correct / replayed, with the
 graded answer highlighted. Filters and the open question are kept in the URL."""
 
+import html
 import math
 
 import pandas as pd
@@ -102,8 +103,9 @@ def _trajectories(url: str, run_id: str, qid: int, groups: pd.DataFrame, K: int)
 
 
 def _question(url: str, run_id: str, q: pd.Series, K: int) -> None:
-    st.subheader(f"Question {q.uid}")
-    st.html(plain_html("Prompt:", q.text) + plain_html("Ground truth:", q.answer, monospace=True))  # never Markdown
+    # stored text is never Markdown (Streamlit's links even escaped URLs): the uid, prompt and answer as text
+    st.html(f'<h3 style="margin:0">Question {html.escape(str(q.uid))}</h3>' + plain_html("Prompt:", q.text)
+            + plain_html("Ground truth:", q.answer, monospace=True))
     c = st.columns(5)
     c[0].metric("latest k", "—" if pd.isna(q.latest_k) else f"{int(q.latest_k)} / {K}")
     c[1].metric("groups", int(q.n_groups))

@@ -8,6 +8,7 @@ import http.server
 import shutil
 import threading
 import time
+from urllib.parse import urlencode
 
 import pytest
 import sqlalchemy as sa
@@ -38,12 +39,15 @@ def _hostile(port: int, where: str) -> str:
 
 
 def _poison(db_url: str, run_id: str, port: int) -> str:
-    """Give the question the Experience page opens first hostile text everywhere: its prompt, gold answer and
-    stored trajectories; returns its uid."""
+    """Give a question with stored trajectories hostile text everywhere: its uid, prompt, gold answer and
+    trajectories; returns its uid."""
     first, _ = Q.search_questions(db_url, run_id, rolled_out=True, limit=1)
-    qid, uid = int(first.question_id[0]), first.uid[0]
+    qid = int(first.question_id[0])
+    uid = f"uid-![u](http://127.0.0.1:{port}/uid-md.png)"  # a dataset's uid is shown too (the header)
     engine = sa.create_engine(db_url)
     with engine.begin() as conn:
+        conn.execute(sa.text("update question_states set uid=:u where run_id=:r and question_id=:q"),
+                     dict(u=uid, r=run_id, q=qid))
         conn.execute(sa.text("update questions set text=:t, answer=:a where id=:q"),
                      dict(t=_hostile(port, "question"), a="7` " + _hostile(port, "answer") + " `", q=qid))
         conn.execute(sa.text("update trajectories set text=:t where run_id=:r and question_id=:q"),
@@ -67,7 +71,8 @@ def test_stored_markdown_and_html_fetch_nothing_and_stay_visible(trained, tmp_pa
     proc = shots.start_dashboard(db_url, trained.mlflow_uri, dash_port, tmp_path / "dashboard.log")
     driver = shots.chromium()
     try:
-        text = shots.open_page(driver, f"http://127.0.0.1:{dash_port}", "experience", None, query=f"run={rid}&q={uid}")
+        text = shots.open_page(driver, f"http://127.0.0.1:{dash_port}", "experience", None,
+                               query=urlencode(dict(run=rid, text="uid-", q=uid)))
         driver.implicitly_wait(0)
         links = [a.get_attribute("href") for a in driver.find_elements(By.TAG_NAME, "a")]
         images = [i.get_attribute("src") for i in driver.find_elements(By.TAG_NAME, "img")]
@@ -79,6 +84,7 @@ def test_stored_markdown_and_html_fetch_nothing_and_stay_visible(trained, tmp_pa
     assert "stored trajectories" in text and _Counter.hits == []
     outside = f"127.0.0.1:{port}"
     assert not [u for u in links + images if u and outside in u], (links, images)
+    assert f"Question {uid}" in text
     for where in ("question", "answer", "trajectory"):  # every piece is still readable as the text it is
         assert f"![x](http://{outside}/{where}-md.png)" in text, text[:3000]
         assert f'<img src="http://{outside}/{where}-raw.png">' in text

@@ -130,14 +130,13 @@ def test_experience_browser_filters_and_shows_a_question(dashboard_env):
     uid, k, groups, replayed, qid = t.sql(
         "select uid, latest_k, n_groups, times_replayed, question_id from question_states where run_id=:r "
         "and n_groups > 0 order by times_replayed desc, uid limit 1", r=rid)[0]
-    assert f"Question {uid}" in [s.value for s in at.subheader]
     shown = metrics_of(at)
     assert shown["latest k"] == f"{k} / 8" and shown["groups"] == str(groups)
     assert shown["times replayed"] == str(replayed)
     stored = t.one("select count(*) from trajectories where run_id=:r and question_id=:q", r=rid, q=qid)
     assert f"**{stored} stored trajectories**" in shown_text(at)
     prompt, *html = [h.proto.body for h in at.get("html")]  # the question's prompt and answer, then trajectories
-    assert "<b>Prompt:</b>" in prompt and "<b>Ground truth:</b>" in prompt
+    assert f"Question {uid}</h3>" in prompt and "<b>Prompt:</b>" in prompt and "<b>Ground truth:</b>" in prompt
     shown_rows = t.sql("select reward, text from trajectories where run_id=:r and question_id=:q "
                        "order by collected_step desc, id desc limit :n", r=rid, q=qid, n=len(html))
     assert html and len(shown_rows) == len(html)
