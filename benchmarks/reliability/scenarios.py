@@ -18,6 +18,9 @@ Scenarios:
     (fault_injection's "committed" kill), rerun until done: nothing of those steps lost, pictures included;
   - disk_full: ENOSPC raised at step 1's checkpoint write (injected, as tests/flows/test_dependency_faults.py
     does): one line, exit 4; the same command then finishes exactly;
+  - real_disk_full: the run folder on a real 1800 KiB tmpfs (root: `mount -t tmpfs`) that fills at step 2's
+    checkpoint write: one line, exit 4, step 1's checkpoint intact; remounted larger, the same command
+    finishes exactly;
   - mlflow_killed: a real `mlflow server` SIGKILLed once step 1 is checkpointed: one line, exit 4; the server
     restarted on the same port and store, the same command finishes exactly.
 Writes benchmarks/results/fault_scenarios_<db>.json (`--tag T`: fault_scenarios_<db>_T.json).
@@ -233,6 +236,30 @@ def disk_full(work: Path, env: dict, steps: int, ref: dict, backend: str) -> dic
     return {**out, "checkpoints_after": sorted(p.name for p in ckpt.iterdir()) if ckpt.is_dir() else []}
 
 
+def real_disk_full(work: Path, env: dict, steps: int, ref: dict, backend: str) -> dict:
+    """The run folder on a real 1800 KiB tmpfs (`mount -t tmpfs`, as root): step 1's checkpoint fits, step
+    2's fills the disk (ENOSPC arrives as torch's zip writer's RuntimeError): exit 4, one line naming the
+    folder, the space free and needed, step 1's checkpoint intact; remounted at 64 MiB, the same command
+    finishes exactly."""
+    db = fi.db_for(backend, work)
+    runs = work / "runs"
+    runs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1800k", "tmpfs", str(runs)], check=True)
+    try:
+        cmd = fi.train_command(work, db, steps)
+        proc = _start(cmd, env, work / "full.log")
+        ended = _refusal(proc, work / "full.log", "/runs/fi/checkpoints is full (", rc=4)
+        ended["leaked"] = fi.leaked_after_kill(proc.pid, within_s=10)
+        ckpt = runs / "fi" / "checkpoints"
+        before = sorted(p.name for p in ckpt.iterdir()) if ckpt.is_dir() else []
+        subprocess.run(["mount", "-o", "remount,size=64m", str(runs)], check=True)
+        out = _finish(_start(cmd, env, work / "resumed.log"), work, db, ref, [ended])
+        out["leaked"] += ended["leaked"]
+        return {**out, "checkpoints_after_full": before}
+    finally:
+        subprocess.run(["umount", "-l", str(runs)], check=False)
+
+
 def _mlflow_server(work: Path, env: dict, port: int, log: str) -> subprocess.Popen:
     server = _start([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                      "--workers", "1", "--backend-store-uri", f"sqlite:///{work / 'mlflow.db'}",
@@ -272,7 +299,8 @@ def mlflow_killed(work: Path, env: dict, steps: int, ref: dict, backend: str) ->
 SCENARIOS = {"two_folders_one_db": two_folders_one_db, "mixed_backends": mixed_backends,
              "fresh_starts_together": fresh_starts_together, "moved_database": moved_database,
              "postgres_outage": postgres_outage, "mlflow_503": mlflow_503,
-             "committed_window": committed_window, "disk_full": disk_full, "mlflow_killed": mlflow_killed}
+             "committed_window": committed_window, "disk_full": disk_full, "mlflow_killed": mlflow_killed,
+             "real_disk_full": real_disk_full}
 
 
 def main() -> int:
