@@ -33,10 +33,15 @@ TINY_SFT = "tiny-sft"
 FORMAT_VERSION = 1  # bump when the task, the prompt or the training rule changes: old caches stop matching
 
 
+def canonical(warm: dict) -> dict:
+    """The warm-start settings as keyed and recorded: the default task (arith) left out, so keys and shipped
+    records from before the task setting stay valid."""
+    return {k: v for k, v in warm.items() if not (k == "task" and v == "arith")}
+
+
 def settings_key(tiny: dict, warm: dict) -> str:
-    """A short stable hash of everything that determines the warm-started weights (the default task,
-    arith, is left out: keys from before the task setting stay valid)."""
-    warm = {k: v for k, v in warm.items() if not (k == "task" and v == "arith")}
+    """A short stable hash of everything that determines the warm-started weights."""
+    warm = canonical(warm)
     blob = json.dumps({"tiny": tiny, "warm": warm, "version": FORMAT_VERSION}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
@@ -58,7 +63,7 @@ def ship(tiny: dict, warm: dict, dest: Path = SHIPPED) -> Path:
     out = Path(dest) / f"{TINY_SFT}-{key}.safetensors"
     shutil.copyfile(folder / "model.safetensors", out)
     (Path(dest) / f"{TINY_SFT}-{key}.json").write_text(json.dumps(
-        {"tiny": tiny, "warm": warm, "version": FORMAT_VERSION, "sha256": weights_sha256(folder),
+        {"tiny": tiny, "warm": canonical(warm), "version": FORMAT_VERSION, "sha256": weights_sha256(folder),
          "trained_on": _cpu_name()}, indent=1) + "\n")
     return out
 
@@ -167,7 +172,7 @@ def warm_started(tiny: dict, warm: dict) -> Path:
             if weights_sha256(tmp) != want:
                 raise ValueError(f"{shipped} does not match the SHA-256 in {shipped.with_suffix('.json').name}")
         (tmp / "exgrpo_warm_start.json").write_text(json.dumps(
-            {"tiny": tiny, "warm": warm, "version": FORMAT_VERSION, "first_loss": losses[0] if losses else None,
+            {"tiny": tiny, "warm": canonical(warm), "version": FORMAT_VERSION, "first_loss": losses[0] if losses else None,
              "last_loss": losses[-1] if losses else None, "sha256": weights_sha256(tmp),
              "source": str(shipped.name) if shipped else "trained"}))
         tmp.chmod(0o755)

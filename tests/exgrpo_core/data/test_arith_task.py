@@ -95,7 +95,8 @@ def test_the_presets_warm_start_is_shipped_and_used_without_training(tmp_path, m
     shipped = warm_start.shipped_weights(tiny, warm)
     assert shipped is not None, "arith-fast's warm start must ship in exgrpo_core/data/datasets"
     want = json.loads(shipped.with_suffix(".json").read_text())
-    assert want["tiny"] == tiny and want["warm"] == warm and want["version"] == warm_start.FORMAT_VERSION
+    assert want["tiny"] == tiny and want["warm"] == warm_start.canonical(warm)
+    assert want["version"] == warm_start.FORMAT_VERSION
     monkeypatch.setenv("EXGRPO_CACHE", str(tmp_path))
     monkeypatch.setattr(warm_start, "fine_tune", lambda *a, **k: pytest.fail("trained a shipped warm start"))
     folder = warm_start.warm_started(tiny, warm)
