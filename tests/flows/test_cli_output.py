@@ -40,7 +40,7 @@ def test_an_error_is_one_unwrapped_line_and_keeps_brackets():
     lines = [x for x in (out.stdout + out.stderr).splitlines() if x.strip()]
     assert out.returncode == 2 and len(lines) == 1, lines
     assert "'[b]no-such-preset-with-a-rather-long-name' not found" in lines[0]
-    assert "presets: ['arith-fast', 'cpu-demo'" in lines[0] and "Traceback" not in lines[0]
+    assert "presets: ['arith-fast', 'arith3', 'cpu-demo'" in lines[0] and "Traceback" not in lines[0]
 
 
 def test_the_unknown_key_error_names_a_close_key_and_help_keys():
