@@ -128,7 +128,8 @@ def test_experience_browser_opens_the_clicked_question_and_filters_trajectories(
     at.session_state["question_table"] = {"selection": {"rows": [2], "columns": [], "cells": []}}
     at.run()
     uid = rows.uid.iloc[2]
-    assert f"Question {uid}" in [s.value for s in at.subheader] and at.query_params["q"] == uid
+    heading = at.get("html")[0].proto.body  # the question's heading, prompt and answer: escaped HTML
+    assert f"Question {uid}</h3>" in heading and at.query_params["q"] == uid
     qid = t.one("select question_id from question_states where run_id=:r and uid=:u", r=rid, u=uid)
     steps = [M.step_number(s) for (s,) in t.sql("select distinct collected_step from trajectories where run_id=:r and "
                                  "question_id=:q order by 1 desc", r=rid, q=qid)]
