@@ -5,6 +5,7 @@ on resume that the dataset and the group size are the ones the run trained with.
 from __future__ import annotations
 
 import importlib.util
+import sys
 import os
 import shutil
 import tempfile
@@ -63,8 +64,18 @@ def check_output_dir(output_dir: str) -> None:
                           f"(in {existing}); pick a folder you can write to") from None
 
 
+def _has_vllm() -> bool:
+    """Whether vLLM can be imported (a module already loaded counts, even one without a spec)."""
+    if "vllm" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def check_engine(engine: str) -> None:
-    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+    if engine == "vllm" and not _has_vllm():
         from exgrpo_core.rollout.vllm_engine import VLLMUnavailable
 
         raise VLLMUnavailable("rollout.engine=vllm needs vLLM, which this Python does not have: `pip install "

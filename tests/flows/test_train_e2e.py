@@ -104,7 +104,7 @@ def test_tiny_training_run_end_to_end(tmp_path, prefect_server, tiny_overrides):
 
 def test_killed_run_resumes_from_checkpoint(tmp_path, prefect_server, tiny_overrides):
     args = ["train", "--config", "configs/tiny.yaml", *sum((["--set", o] for o in tiny_overrides), []),
-            "--set", "run.steps=8", "--set", "run.checkpoint_every=2", "--set", "run.name=resume"]
+            "--set", "run.steps=12", "--set", "run.checkpoint_every=2", "--set", "run.name=resume"]
     proc = _cli(args, start_new_session=True)
     db = tmp_path / "exp.db"
     deadline = time.time() + 600
@@ -120,19 +120,19 @@ def test_killed_run_resumes_from_checkpoint(tmp_path, prefect_server, tiny_overr
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     (run_id, step_before), = _rows(db, "select id, step from runs where name='resume'")
-    assert step_before < 7
+    assert step_before < 11  # 12 steps: room for a kill that lands late on a loaded machine
 
     out = _run_cli(args)
     assert "resumed run" in out, out[-3000:]
     (run_id2, status, step), = _rows(db, "select id, status, step from runs where name='resume'")
-    assert run_id2 == run_id and status == "finished" and step == 7
+    assert run_id2 == run_id and status == "finished" and step == 11
     per_step = _rows(db, "select step, count(*) from group_results where run_id=:r group by step order by step",
                      r=run_id)
-    assert [s for s, _ in per_step] == list(range(8)), "a step is missing or duplicated after resume"
+    assert [s for s, _ in per_step] == list(range(12)), "a step is missing or duplicated after resume"
     assert all(n == 8 for _, n in per_step), "a step's groups were written twice or lost"
     metric_steps = _rows(db, "select distinct step from step_metrics where run_id=:r and key=:k order by step",
                          r=run_id, k=M.REWARD_MEAN)
-    assert [s for s, in metric_steps] == list(range(8))
+    assert [s for s, in metric_steps] == list(range(12))
 
     import mlflow  # after the resume MLflow holds exactly one point per (metric, step), as the database does
 
@@ -141,4 +141,4 @@ def test_killed_run_resumes_from_checkpoint(tmp_path, prefect_server, tiny_overr
     for key in client.get_run(mlflow_id).data.metrics:
         steps = [m.step for m in client.get_metric_history(mlflow_id, key)]
         assert len(steps) == len(set(steps)), f"{key}: duplicated points at steps {sorted(steps)}"
-    assert sorted(m.step for m in client.get_metric_history(mlflow_id, M.REWARD_MEAN)) == list(range(1, 9))
+    assert sorted(m.step for m in client.get_metric_history(mlflow_id, M.REWARD_MEAN)) == list(range(1, 13))
