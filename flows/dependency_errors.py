@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from exgrpo_core.run.db_guard import DatabaseLostError
+from exgrpo_core.run.disk_space import exception_chain as _chain
 from flows.quiet import quiet
 
 EXIT_CODE = 4  # `exgrpo train`: a service the run depends on failed (2: a user error, 3: stopped by a monitor)
@@ -27,14 +28,6 @@ class DependencyError(RuntimeError):
 
     exit_code = EXIT_CODE
     console = Console(stderr=True, highlight=False, soft_wrap=True)  # one line, however narrow the terminal
-
-
-def _chain(exc: BaseException | None):
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
 
 
 def _first_line(exc: BaseException) -> str:

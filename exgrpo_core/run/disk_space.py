@@ -53,7 +53,8 @@ def folder_bytes(path: str | Path) -> int:
     return total
 
 
-def _chain(exc: BaseException | None):
+def exception_chain(exc: BaseException | None):
+    """`exc`, then its causes and contexts, each once."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -66,7 +67,7 @@ def is_disk_full(err: BaseException, folder: str | Path) -> bool:
     chain, or a writer's error (OSError, RuntimeError, safetensors') while less than NEARLY_FULL is free."""
     if isinstance(err, DiskFullError):
         return True
-    if any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in _chain(err)):
+    if any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in exception_chain(err)):
         return True
     writer = isinstance(err, (OSError, RuntimeError)) or type(err).__module__.startswith("safetensors")
     free = free_bytes(folder)
