@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from exgrpo_core import metrics as M
-from exgrpo_core.algorithm import losses, selection, spread
+from exgrpo_core.algorithm import age, losses, selection, spread
 from exgrpo_core.algorithm.advantages import compute_group_advantages
 from exgrpo_core.observe import monitors, staleness
 from exgrpo_core.reward import audit, source as sources
@@ -64,10 +64,14 @@ def plan_batch(s: Session) -> BatchPlan:
     replay: list[str] = []
     if s.replay_active and cfg.replay_questions > 0:
         weights = replay_weights(cfg)
-        # = selection.sample_questions(buffer_state.buckets, ...), reading only bucket sizes and chosen uids
-        replay = s.store.sample_replay_questions(
-            s.run_id, cfg.rollout.group_size, cfg.replay_questions, weights, s.rng,
-            per_question=cfg.selection.question_weighting in selection.PER_QUESTION)
+        per_question = cfg.selection.question_weighting in selection.PER_QUESTION
+        if cfg.buffer.max_age is not None or cfg.selection.age_half_life is not None:  # the age rules (age.py)
+            replay = s.store.sample_aged_replay_questions(
+                s.run_id, cfg.replay_questions, weights, s.rng, s.step, per_question, cfg.buffer.max_age,
+                cfg.selection.age_half_life)
+        else:  # = selection.sample_questions(buffer_state.buckets, ...), reading only bucket sizes and chosen uids
+            replay = s.store.sample_replay_questions(s.run_id, cfg.rollout.group_size, cfg.replay_questions, weights,
+                                                     s.rng, per_question=per_question)
     fresh = s.sampler.next(cfg.train.batch_size - len(replay), exclude=set(replay),
                            retired=s.store.retired_uids(s.run_id) if cfg.buffer.skip_retired_fresh else set(),
                            skip_retired=cfg.buffer.skip_retired_fresh,
@@ -217,7 +221,8 @@ def select_trajectories(s: Session, plan: BatchPlan) -> tuple[dict[str, Rollout]
     wanted = plan.replay if s.cfg.buffer.replay_mode == "trajectory" else []  # prompt replay: no trajectory
     # token ids of every candidate; stored log-probs and text are read for the chosen ones only
     cands = s.store.candidates(s.run_id, wanted, before_step=plan.step, payload=False) if wanted else {}
-    exp = {e.id: e for uid in plan.replay for e in cands.get(uid, [])}
+    exp = {e.id: e for uid in plan.replay for e in cands.get(uid, [])
+           if age.young_enough(plan.step - e.step, s.cfg.buffer.max_age)}
     rows = [Rollout(e.question_uid, s.prompt_ids(e.question_uid), e.response_ids, [0.0] * len(e.response_ids), "",
                     False, e.step, reward=1.0, reason="replayed", replayed_from=e.id) for e in exp.values()]
     score_rollouts(s, rows, s.cfg.selection.entropy)  # recompute H(o) under the current policy

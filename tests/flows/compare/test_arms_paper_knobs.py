@@ -13,6 +13,8 @@ from flows.compare.arms import ARMS, build_arm_runs
     ("no_is_correction", {"loss.replay_old_logprobs": "current"}, 47.1),  # Table 6: w = 1 on replayed tokens
     ("review_retired", {"buffer.review_retired_every": 25, "buffer.review_fraction": 0.1}, None),  # Table 7
     ("prompt_replay", {"buffer.replay_mode": "prompt"}, None),  # the replay lab: K fresh, no stored trajectory
+    ("max_age_8", {"buffer.max_age": 8}, None),  # the replay lab: no replay older than 8 steps
+    ("age_decay", {"selection.age_half_life": 8.0}, None),  # the replay lab: draw weight halves every 8 steps
 ])
 def test_paper_knob_arm_differs_from_exgrpo_by_its_knob_only(arm, changed, ref):
     exgrpo, other = build_arm_runs("tiny", None, ["exgrpo", arm], [0], "cmp", evaluate=False)
