@@ -11,13 +11,13 @@ that step's experience is collected and replayed from the next step on.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 
 from exgrpo_core import metrics as M
-from exgrpo_core.algorithm import age, losses, selection, spread
+from exgrpo_core.algorithm import age, dynamic_sampling, losses, selection, spread
 from exgrpo_core.algorithm.advantages import compute_group_advantages
 from exgrpo_core.observe import monitors, staleness
 from exgrpo_core.reward import audit, source as sources
@@ -31,12 +31,15 @@ from exgrpo_core.types import GroupResult, Rollout
 @dataclass
 class BatchPlan:
     """The step's questions: `fresh` get K rollouts, `replay` get K-1 plus one stored trajectory.
-    `replay_slots`: the experiential questions asked for (round(rho*B) once replay is on, else 0)."""
+    `replay_slots`: the experiential questions asked for (round(rho*B) once replay is on, else 0).
+    Dynamic sampling adds its refills to `fresh` and lists the dropped fresh questions in `dropped`."""
 
     step: int
     fresh: list[str]
     replay: list[str]
     replay_slots: int = 0
+    dropped: list[str] = field(default_factory=list)
+    rounds: int = 0
 
 
 def replay_weights(cfg) -> dict[int, float]:
@@ -72,27 +75,48 @@ def plan_batch(s: Session) -> BatchPlan:
         else:  # = selection.sample_questions(buffer_state.buckets, ...), reading only bucket sizes and chosen uids
             replay = s.store.sample_replay_questions(s.run_id, cfg.rollout.group_size, cfg.replay_questions, weights,
                                                      s.rng, per_question=per_question)
-    fresh = s.sampler.next(cfg.train.batch_size - len(replay), exclude=set(replay),
-                           retired=s.store.retired_uids(s.run_id) if cfg.buffer.skip_retired_fresh else set(),
-                           skip_retired=cfg.buffer.skip_retired_fresh,
-                           min_remaining=cfg.buffer.min_fresh_remaining)
+    fresh = draw_fresh(s, cfg.train.batch_size - len(replay), set(replay))
     return BatchPlan(s.step, fresh, replay, cfg.replay_questions if s.replay_active else 0)
+
+
+def draw_fresh(s: Session, n: int, exclude: set[str]) -> list[str]:
+    """The next n fresh questions of the run's sampler (its position is checkpointed), none of `exclude`."""
+    b = s.cfg.buffer
+    return s.sampler.next(n, exclude=exclude, retired=s.store.retired_uids(s.run_id) if b.skip_retired_fresh else set(),
+                          skip_retired=b.skip_retired_fresh, min_remaining=b.min_fresh_remaining)
 
 
 def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
     """Sample K (fresh) or K-1 (experiential) responses, then score them with the trainer when
     the sampler's numbers are not already the trainer's (`needs_rescore`; the log-prob gap is then 0)."""
     t0 = time.perf_counter()
+    steps0 = getattr(s.engine, "row_steps", None)
+    rollouts, gap = sample(s, plan.fresh, plan.replay, plan.step)
+    if s.cfg.rollout.dynamic_sampling:
+        gap += refill(s, plan, rollouts)
+    tokens = sum(len(r.response_ids) for r in rollouts)
+    dt = time.perf_counter() - t0
+    work = {} if steps0 is None else {M.ROLLOUT_ROW_STEPS: float(s.engine.row_steps - steps0),
+                                      M.ROLLOUT_USEFUL_ROW_STEPS: float(tokens)}
+    return rollouts, {**work,
+        M.RESPONSES: float(len(rollouts)), M.TIME_ROLLOUT: dt, M.ROLLOUT_TOKENS_PER_S: tokens / max(dt, 1e-9),
+        M.RESPONSE_LENGTH: tokens / max(len(rollouts), 1),
+        M.TRUNCATION_RATE: sum(r.truncated for r in rollouts) / max(len(rollouts), 1),
+        M.FRESH_ENTROPY: _mean([r.entropy for r in rollouts]), M.SAMPLER_TRAINER_GAP: _mean(gap)}
+
+
+def sample(s: Session, fresh: list[str], replay: list[str], step: int) -> tuple[list[Rollout], list[float]]:
+    """K responses per fresh question, K-1 per experiential one (K with prompt replay), in one batch, scored
+    by the trainer where needed; also each token's sampler-trainer log-prob gap."""
     K, cfg = s.cfg.rollout.group_size, s.cfg.rollout
-    uids = plan.fresh + plan.replay
-    counts = [K] * len(plan.fresh) + [K - (s.cfg.buffer.replay_mode == "trajectory")] * len(plan.replay)
+    uids = fresh + replay
+    counts = [K] * len(fresh) + [K - (s.cfg.buffer.replay_mode == "trajectory")] * len(replay)
     rollouts: list[Rollout] = []
     entropies: list[list[float]] = []
-    steps0 = getattr(s.engine, "row_steps", None)
     gens = s.team.generate([s.prompt_ids(u) for u in uids], counts, temperature=cfg.temperature,
                            max_new_tokens=cfg.max_response_tokens)  # one batch: K and K-1 samples together
     for uid, group in zip(uids, gens):
-        rollouts += [Rollout(uid, s.prompt_ids(uid), g.response_ids, g.logprobs, g.text, g.truncated, plan.step)
+        rollouts += [Rollout(uid, s.prompt_ids(uid), g.response_ids, g.logprobs, g.text, g.truncated, step)
                      for g in group]
         entropies += [g.entropies for g in group]
     sampler_logp = [r.behaviour_logprobs for r in rollouts]
@@ -103,16 +127,33 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
     else:  # the sampler's log-probs and entropies are the trainer's: H(o) is their response mean
         for r, ent in zip(rollouts, entropies):
             r.entropy = float(sum(ent) / len(ent)) if ent else 0.0
-    gap = [abs(a - b) for r, sl in zip(rollouts, sampler_logp) for a, b in zip(r.behaviour_logprobs, sl)]
-    tokens = sum(len(r.response_ids) for r in rollouts)
-    dt = time.perf_counter() - t0
-    work = {} if steps0 is None else {M.ROLLOUT_ROW_STEPS: float(s.engine.row_steps - steps0),
-                                      M.ROLLOUT_USEFUL_ROW_STEPS: float(sum(len(g.response_ids) for gs in gens for g in gs))}
-    return rollouts, {**work,
-        M.RESPONSES: float(len(rollouts)), M.TIME_ROLLOUT: dt, M.ROLLOUT_TOKENS_PER_S: tokens / max(dt, 1e-9),
-        M.RESPONSE_LENGTH: tokens / max(len(rollouts), 1),
-        M.TRUNCATION_RATE: sum(r.truncated for r in rollouts) / max(len(rollouts), 1),
-        M.FRESH_ENTROPY: _mean([r.entropy for r in rollouts]), M.SAMPLER_TRAINER_GAP: _mean(gap)}
+    return rollouts, [abs(a - b) for r, sl in zip(rollouts, sampler_logp) for a, b in zip(r.behaviour_logprobs, sl)]
+
+
+def refill(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> list[float]:
+    """DAPO dynamic sampling (algorithm/dynamic_sampling.py): grade the fresh groups, list the all-equal ones in
+    `plan.dropped` and draw as many further fresh questions, for at most `rollout.dynamic_sampling_rounds`
+    rounds; the new rollouts join `rollouts` (graded) and their questions `plan.fresh`. Returns their gaps."""
+    gaps: list[float] = []
+    pending = set(plan.fresh)
+    todo = [r for r in rollouts if r.question_uid in pending]
+    while True:
+        grade(s, todo)
+        groups: dict[str, list[float]] = {}
+        for r in todo:
+            groups.setdefault(r.question_uid, []).append(r.reward)
+        drop = dynamic_sampling.dropped(groups)
+        plan.dropped += drop
+        if not drop or plan.rounds >= s.cfg.rollout.dynamic_sampling_rounds:
+            return gaps
+        new = draw_fresh(s, len(drop), set(plan.fresh) | set(plan.replay))
+        if not new:
+            return gaps
+        plan.rounds += 1
+        todo, gap = sample(s, new, [], plan.step)
+        plan.fresh += new
+        rollouts += todo
+        gaps += gap
 
 
 def needs_rescore(s: Session) -> bool:
@@ -162,14 +203,14 @@ def verify(s: Session, rollouts: list[Rollout]) -> dict:
     multiple-choice rows, as evaluation does), recording what it read; switch replay on when the
     batch is good enough."""
     t0 = time.perf_counter()
-    questions = [s.questions[r.question_uid] for r in rollouts]
-    failed: dict = {}
-    if getattr(s, "reward", None) is not None:  # reward.fn / reward.url
-        failed = sources.grade(s.reward, rollouts, questions, *sources.describe(s.cfg.reward))
-        sources.warn_failures(s.cfg.reward, rollouts, failed)
-    else:
-        audit.grade_and_describe(s.verify, rollouts, questions, require_think=s.cfg.reward.require_think)
-    truncated_rewarded = audit.apply_truncation_rule(rollouts, s.cfg.reward.truncated)
+    early = [r for r in rollouts if r.reason != "unverified"]  # graded by dynamic sampling (`refill`)
+    failed, truncated_rewarded = grade(s, [r for r in rollouts if r.reason == "unverified"])
+    if early:  # their failures and rewarded truncations read back from the records
+        scored = getattr(s, "reward", None) is not None
+        failed = {"error": failed.get("error", 0) + failed.get("invalid", 0)
+                  + sum(scored and r.reason in ("error", "invalid") for r in early)}
+        truncated_rewarded += sum(r.reason == "truncated" if s.cfg.reward.truncated == "zero" else
+                                  r.truncated and r.reward > 0 for r in early)
     frac = (selection.batch_mean_reward if s.cfg.reward.continuous else selection.batch_correct_fraction)(
         [r.reward for r in rollouts])
     if (not s.replay_active and s.cfg.replay_questions > 0
@@ -182,6 +223,21 @@ def verify(s: Session, rollouts: list[Rollout]) -> dict:
             M.VERIFY_ERRORS: float(failed.get("error", 0) + failed.get("invalid", 0)),
             M.VERIFY_TRUNCATED_REWARDED: float(truncated_rewarded),
             M.REPLAY_ACTIVE: float(s.replay_active), M.TIME_VERIFY: time.perf_counter() - t0}
+
+
+def grade(s: Session, rollouts: list[Rollout]) -> tuple[dict, int]:
+    """Grade these rollouts in place (reward function / server, else math-verify or the choice letter) and apply
+    `reward.truncated`: the failures by reason and how many truncated responses the grader rewarded."""
+    if not rollouts:
+        return {}, 0
+    questions = [s.questions[r.question_uid] for r in rollouts]
+    failed: dict = {}
+    if getattr(s, "reward", None) is not None:  # reward.fn / reward.url
+        failed = sources.grade(s.reward, rollouts, questions, *sources.describe(s.cfg.reward))
+        sources.warn_failures(s.cfg.reward, rollouts, failed)
+    else:
+        audit.grade_and_describe(s.verify, rollouts, questions, require_think=s.cfg.reward.require_think)
+    return failed, audit.apply_truncation_rule(rollouts, s.cfg.reward.truncated)
 
 
 def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple[list[GroupResult], dict]:
@@ -211,8 +267,10 @@ def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple
     stats[M.TARGET_GAP] = target_gap(list(drawn.values()), {} if per_question else replay_weights(s.cfg))
     fresh = [r.reward for g in groups if not g.is_replay for r in g.rollouts]
     stats[M.FRESH_PASS1] = _mean(fresh)
+    stats[M.DS_DROPPED], stats[M.DS_ROUNDS] = float(len(plan.dropped)), float(plan.rounds)
     stats[M.TIME_BUFFER] = time.perf_counter() - t0
-    return groups, stats
+    dropped = set(plan.dropped)  # dynamic sampling: recorded above, left out of training (unless nothing is left)
+    return [g for g in groups if g.question_uid not in dropped] or groups, stats
 
 
 def select_trajectories(s: Session, plan: BatchPlan) -> tuple[dict[str, Rollout], dict]:

@@ -22,6 +22,8 @@ VERIFY_TIMEOUTS = "verify/timeouts"
 VERIFY_NO_ANSWER = "verify/no_answer"
 VERIFY_ERRORS = "verify/errors"  # items a reward function / server could not score: an exception, or an unusable value
 VERIFY_TRUNCATED_REWARDED = "verify/truncated_rewarded"  # responses cut at the length limit the grader rewarded
+DS_DROPPED = "rollout/ds_dropped_groups"  # dynamic sampling: all-equal fresh groups left out of training (0: off)
+DS_ROUNDS = "rollout/ds_rounds"  # dynamic sampling: extra generation rounds that refilled the batch
 # buffer
 BUFFER_QUESTIONS = "buffer/questions"
 BUFFER_TRAJECTORIES = "buffer/trajectories"

@@ -37,9 +37,12 @@ ARMS: dict[str, tuple[tuple[str, ...], float | None]] = {
     # no replay older than 8 steps; a question's draw weight halves every 8 steps of its newest candidate's age
     "max_age_8": (("buffer.max_age=8",), None),
     "age_decay": (("selection.age_half_life=8",), None),
+    # DAPO dynamic sampling: all-equal fresh groups dropped and refilled, with ExGRPO and on-policy
+    "dynamic_sampling": (("rollout.dynamic_sampling=true",), None),
+    "on_policy_ds": (("buffer.replay_ratio=0", "rollout.dynamic_sampling=true"), None),
 }
 
-LAB_ARMS = ("prompt_replay", "max_age_8", "age_decay")
+LAB_ARMS = ("prompt_replay", "max_age_8", "age_decay", "dynamic_sampling", "on_policy_ds")
 """The replay lab's methods beside ExGRPO (docs/benchmarks/replay_lab.md): asked for by name."""
 DEFAULT_ARMS = [a for a in ARMS if a not in ("mu_0.25", "no_is_correction", "review_retired", *LAB_ARMS)]
 """What `--arms` left out runs: the paper's ablation table (the other tables' arms are asked for by name)."""

@@ -89,3 +89,41 @@ def test_the_age_decayed_draw_weighs_each_pooled_question_by_its_newest_candidat
     finally:
         s.close()
     assert seen, "the age-decayed draw never ran"
+
+
+def by_question(texts, answers):
+    """A third of the questions always right, a third always wrong, a third half right (by their answer)."""
+    kind = [sum(map(ord, a)) % 3 for a in answers]
+    return [(1.0, "correct") if k == 1 or (k == 2 and i % 2) else (0.0, "wrong") for i, k in enumerate(kind)]
+
+
+@pytest.mark.parametrize("ratio", [0, 0.5])
+def test_dynamic_sampling_drops_all_equal_fresh_groups_and_refills_the_batch(tmp_path, monkeypatch, ratio):
+    trained = []
+    rows_of = loop.shuffled_rows
+    monkeypatch.setattr(loop, "shuffled_rows", lambda groups, replayed, *a: (trained.append(list(groups)),
+                                                                             rows_of(groups, replayed, *a))[1])
+    cfg = tiny(tmp_path, f"buffer.replay_ratio={ratio}", "rollout.dynamic_sampling=true",
+               "rollout.dynamic_sampling_rounds=2", "data.max_questions=48")
+    torch.manual_seed(0)
+    s = open_session(cfg, verify=by_question)
+    try:
+        stats = [loop.run_iteration(s) for _ in range(3)]
+        with s.store.engine.connect() as conn:
+            history = conn.execute(text("select step, is_replay, k from group_results order by id")).all()
+    finally:
+        s.close()
+    for step, (st, groups) in enumerate(zip(stats, trained)):
+        recorded = [(r, k) for t, r, k in history if t == step]
+        equal = sum(1 for r, k in recorded if not r and k in (0, 4))
+        assert st["rollout/ds_dropped_groups"] == equal > 0  # every all-equal fresh group dropped, still recorded
+        assert 1 <= st["rollout/ds_rounds"] <= 2
+        assert all(g.is_replay or 0 < g.successes < 4 for g in groups)  # none of them trained
+        assert sum(g.is_replay for g in groups) == sum(r for r, _ in recorded)  # experiential groups are never dropped
+        assert len(recorded) == len(groups) + equal
+        if st["rollout/ds_rounds"] < 2:
+            assert len(groups) == 8  # refilled to the full batch
+    plain = tiny(tmp_path, f"buffer.replay_ratio={ratio}", "data.max_questions=48", name="plain")
+    trained.clear()
+    first, _, _ = run(plain, 1, verify=by_question)
+    assert first[0]["rollout/ds_dropped_groups"] == first[0]["rollout/ds_rounds"] == 0 and len(trained[0]) == 8

@@ -29,7 +29,7 @@ def test_every_arm_gets_its_overrides_a_stable_unique_name_and_the_seed():
     assert [(r.arm, r.seed) for r in runs] == [(a, s) for a in DEFAULT_ARMS for s in (0, 3)]
     assert len(DEFAULT_ARMS) == 9 and set(ARMS) - set(DEFAULT_ARMS) == {"mu_0.25", "no_is_correction", "review_retired",
                                                                         *LAB_ARMS}
-    assert set(LAB_ARMS) >= {"prompt_replay", "max_age_8", "age_decay"}
+    assert set(LAB_ARMS) >= {"prompt_replay", "max_age_8", "age_decay", "dynamic_sampling", "on_policy_ds"}
     by = {(r.arm, r.seed): r.cfg for r in runs}
     assert by["on_policy", 0].buffer.replay_ratio == 0 and by["exgrpo", 0].buffer.replay_ratio == 0.5
     assert by["rho_0.25", 3].buffer.replay_ratio == 0.25 and by["rho_0.75", 0].buffer.replay_ratio == 0.75
