@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from exgrpo_core import metrics as M
-from exgrpo_core.algorithm import age, dynamic_sampling, losses, selection, spread
+from exgrpo_core.algorithm import age, dynamic_sampling, importance, losses, selection, spread
 from exgrpo_core.algorithm.advantages import compute_group_advantages
 from exgrpo_core.observe import monitors, staleness
 from exgrpo_core.reward import audit, source as sources
@@ -102,7 +102,22 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
         M.RESPONSES: float(len(rollouts)), M.TIME_ROLLOUT: dt, M.ROLLOUT_TOKENS_PER_S: tokens / max(dt, 1e-9),
         M.RESPONSE_LENGTH: tokens / max(len(rollouts), 1),
         M.TRUNCATION_RATE: sum(r.truncated for r in rollouts) / max(len(rollouts), 1),
-        M.FRESH_ENTROPY: _mean([r.entropy for r in rollouts]), M.SAMPLER_TRAINER_GAP: _mean(gap)}
+        M.FRESH_ENTROPY: _mean([r.entropy for r in rollouts]), M.SAMPLER_TRAINER_GAP: _mean(gap),
+        **mismatch_stats(rollouts, s.cfg.loss)}
+
+
+def mismatch_stats(rollouts: list[Rollout], loss) -> dict:
+    """The sampler-trainer mismatch of the fresh rollouts: their mean sequence ratio pi_trainer / pi_sampler (1 where
+    the sampler is the trainer) and the fraction of their tokens the importance mask (`loss.is_mode=mask`) drops."""
+    scored = [r for r in rollouts if r.sampler_logprobs is not None]
+    ratios = [importance.sequence_ratio(r.behaviour_logprobs, r.sampler_logprobs) for r in scored]
+    masked, tokens = 0, sum(len(r.response_ids) for r in rollouts)
+    if loss.tis_cap is not None and loss.is_mode == "mask":
+        for r in scored:
+            w = importance.fresh_weights(torch.tensor(r.behaviour_logprobs), torch.tensor(r.sampler_logprobs),
+                                         loss.tis_cap, loss.is_level, loss.is_mode)
+            masked += int((w == 0).sum())
+    return {M.IS_FRESH_SEQ_RATIO: _mean(ratios) if ratios else 1.0, M.IS_MASKED_FRACTION: masked / max(tokens, 1)}
 
 
 def sample(s: Session, fresh: list[str], replay: list[str], step: int) -> tuple[list[Rollout], list[float]]:
@@ -299,7 +314,9 @@ def select_trajectories(s: Session, plan: BatchPlan) -> tuple[dict[str, Rollout]
     shaping = s.cfg.loss.shaping_beta if s.cfg.loss.policy_shaping else None
     stale = staleness.replay_stats(plan.step, [r.step for r in chosen.values()], [current[u] for u in chosen],
                                    [r.behaviour_logprobs for r in chosen.values()], shaping)
+    replay_ratio = [importance.sequence_ratio(current[u], r.behaviour_logprobs) for u, r in chosen.items()]
     return chosen, {M.REPLAYED_SAMPLES: float(len(chosen)), M.CANDIDATES: float(len(rows)),
+                    M.IS_REPLAY_SEQ_RATIO: _mean(replay_ratio),
                     M.REPLAYED_ENTROPY: _mean([r.entropy for r in chosen.values()]),
                     M.UNFILLED_SLOTS: float(max(plan.replay_slots - len(chosen if wanted else plan.replay), 0)),
                     **stale,
@@ -320,7 +337,8 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
     replay_term = (partial(losses.shaped_replay_term, beta=cfg.loss.shaping_beta) if cfg.loss.policy_shaping
                    else losses.plain_replay_term)
     replay_term = losses.replay_behaviour(replay_term, cfg.loss.replay_old_logprobs)
-    batch = collate(rows, advs, s.engine.pad_id, qidx, tis_cap=cfg.loss.tis_cap)
+    batch = collate(rows, advs, s.engine.pad_id, qidx, tis_cap=cfg.loss.tis_cap, is_level=cfg.loss.is_level,
+                    is_mode=cfg.loss.is_mode)
     flops = model_train_flops(s.accelerator.unwrap_model(s.model), batch.attention_mask.sum(1).tolist())
     t_opt = time.perf_counter()
     stats.update(s.team.optimise(

@@ -275,6 +275,16 @@ class LossConfig(_Section):
     tis_cap: float | None = Field(default=None, gt=0)
     """Truncated importance sampling for fresh rollouts when the sampler is not the trainer (vLLM):
     on-policy tokens are weighted by min(pi_trainer / pi_sampler, tis_cap) (None: off; verl uses 2)."""
+    is_level: Literal["token", "sequence"] = "token"
+    """(with tis_cap) The ratio per token, or per sequence (the product over its tokens, on all of them)."""
+    is_mode: Literal["truncate", "mask"] = "truncate"
+    """(with tis_cap) truncate: min(ratio, cap) (TIS); mask: the ratio, 0 where it exceeds the cap (MIS)."""
+
+    @model_validator(mode="after")
+    def _is_needs_cap(self):
+        if self.tis_cap is None and (self.is_level, self.is_mode) != ("token", "truncate"):
+            raise ValueError("loss.is_level / loss.is_mode need loss.tis_cap (the cap they truncate or mask at)")
+        return self
 
 
 class TrainConfig(_Section):

@@ -3,6 +3,8 @@ both), dynamic sampling, and the sequence-level importance weights."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from sqlalchemy import text
@@ -127,3 +129,49 @@ def test_dynamic_sampling_drops_all_equal_fresh_groups_and_refills_the_batch(tmp
     trained.clear()
     first, _, _ = run(plain, 1, verify=by_question)
     assert first[0]["rollout/ds_dropped_groups"] == first[0]["rollout/ds_rounds"] == 0 and len(trained[0]) == 8
+
+
+@pytest.mark.parametrize("level, mode, cap", [("token", "truncate", 2.0), ("sequence", "mask", 1.2),
+                                              ("sequence", "truncate", 1.2)])
+def test_fresh_rows_get_the_configured_importance_weights_and_both_ratios_are_logged(tmp_path, monkeypatch, level,
+                                                                                       mode, cap):
+    cfg = tiny(tmp_path, "rollout.rescore=always", f"loss.tis_cap={cap}", f"loss.is_level={level}",
+               f"loss.is_mode={mode}")
+    torch.manual_seed(0)
+    s = open_session(cfg, verify=some_right)
+    generate, optimise, batches = s.team.generate, s.team.optimise, []
+
+    def shifted(*a, **kw):  # a sampler 0.1 nats below the trainer on every token: token ratio ~1.105
+        gens = generate(*a, **kw)
+        for group in gens:
+            for g in group:
+                g.logprobs = [x - 0.1 for x in g.logprobs]
+        return gens
+
+    monkeypatch.setattr(s.team, "generate", shifted)
+    monkeypatch.setattr(s.team, "optimise", lambda batch, **kw: (batches.append(batch), optimise(batch, **kw))[1])
+    try:
+        stats = [loop.run_iteration(s) for _ in range(3)]
+    finally:
+        s.close()
+    batch, st = batches[-1], stats[-1]
+    fresh = (~batch.is_replay).nonzero().flatten().tolist()
+    lengths = batch.response_mask.sum(1)
+    seq = torch.exp(0.1 * lengths.double())  # the sequence ratio, up to the trainer's own rounding
+    masked = 0
+    for i in fresh:
+        w = batch.tis_weights[i][batch.response_mask[i]].double()
+        if level == "token":
+            want = torch.full_like(w, math.exp(0.1))
+        elif mode == "truncate":
+            want = torch.full_like(w, min(seq[i].item(), cap))
+        else:
+            want = torch.full_like(w, seq[i].item() if seq[i] <= cap else 0.0)
+            masked += int((want == 0).sum())
+        torch.testing.assert_close(w, want, atol=1e-3, rtol=1e-3)
+    assert all(bool((batch.tis_weights[i] == 1).all()) for i in batch.is_replay.nonzero().flatten().tolist())
+    assert st["is/fresh_seq_ratio_mean"] > math.exp(0.1) - 1e-3  # every fresh sequence has >= 1 token
+    assert st["is/masked_fraction"] == (masked / int(lengths[fresh].sum()) if mode == "mask" else 0.0)
+    assert (masked > 0) == (mode == "mask")  # responses of 2+ tokens pass the 1.2 cap: masked whole
+    assert st["select/replayed_samples"] > 0 and st["is/replay_seq_ratio_mean"] > 0
+    assert all(x["is/replay_seq_ratio_mean"] == 0 for x in stats if x["select/replayed_samples"] == 0)

@@ -17,6 +17,8 @@ from flows.compare.arms import ARMS, build_arm_runs
     ("age_decay", {"selection.age_half_life": 8.0}, None),  # the replay lab: draw weight halves every 8 steps
     ("dynamic_sampling", {"rollout.dynamic_sampling": True}, None),  # the replay lab: DAPO's filter and refill
     ("on_policy_ds", {"buffer.replay_ratio": 0.0, "rollout.dynamic_sampling": True}, None),
+    ("seq_tis", {"loss.tis_cap": 2.0, "loss.is_level": "sequence"}, None),  # the replay lab: sequence TIS
+    ("seq_mask", {"loss.tis_cap": 2.0, "loss.is_level": "sequence", "loss.is_mode": "mask"}, None),
 ])
 def test_paper_knob_arm_differs_from_exgrpo_by_its_knob_only(arm, changed, ref):
     exgrpo, other = build_arm_runs("tiny", None, ["exgrpo", arm], [0], "cmp", evaluate=False)
