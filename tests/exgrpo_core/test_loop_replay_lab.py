@@ -175,3 +175,27 @@ def test_fresh_rows_get_the_configured_importance_weights_and_both_ratios_are_lo
     assert (masked > 0) == (mode == "mask")  # responses of 2+ tokens pass the 1.2 cap: masked whole
     assert st["select/replayed_samples"] > 0 and st["is/replay_seq_ratio_mean"] > 0
     assert all(x["is/replay_seq_ratio_mean"] == 0 for x in stats if x["select/replayed_samples"] == 0)
+
+
+def test_a_resumed_dynamic_sampling_run_draws_the_questions_of_an_unbroken_one(tmp_path):
+    def questions(cfg, steps, resume_after=None):
+        torch.manual_seed(0)
+        s = open_session(cfg, verify=by_question)
+        try:
+            for _ in range(steps):
+                loop.run_iteration(s)
+                s.save()
+                if s.step == resume_after:
+                    s.close()
+                    s = open_session(cfg.model_copy(update={"run": cfg.run.model_copy(update={"resume": "must"})}),
+                                     verify=by_question)
+            with s.store.engine.connect() as conn:
+                return conn.execute(text("select g.step, q.uid from group_results g join question_states q on "
+                                         "q.run_id = g.run_id and q.question_id = g.question_id order by g.id")).all()
+        finally:
+            s.close()
+
+    knobs = ("rollout.dynamic_sampling=true", "data.max_questions=48")
+    unbroken = questions(tiny(tmp_path / "a", *knobs), 4)
+    resumed = questions(tiny(tmp_path / "b", *knobs), 4, resume_after=2)
+    assert len(unbroken) > 4 * 8 and resumed == unbroken  # refills happened, the sampler's position was kept
