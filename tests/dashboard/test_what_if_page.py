@@ -4,6 +4,7 @@ library's (`exgrpo_core.store.what_if`), re-run on the page or read from the rep
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 import torch
@@ -149,3 +150,19 @@ def test_a_change_outside_the_policy_is_one_line_on_the_page(page):
 def test_a_run_without_replay_is_explained(page):
     at = page("on-policy")
     assert not at.error and "has replayed nothing: replay is off in this run" in shown_text(at)
+
+
+def test_a_report_path_of_another_run_or_not_a_report_is_explained(tiny, page, tmp_path):
+    _, ids, report = tiny
+    other, junk = tmp_path / "other.json", tmp_path / "junk.json"
+    other.write_text(json.dumps({**json.loads(report.read_text()), "run_id": ids["on-policy"]}))
+    junk.write_text(json.dumps({"run_id": ids["wi"]}))
+    at = page("wi")
+    at.radio[0].set_value("a report file").run()
+    at.text_input[0].input(str(other)).run()
+    assert not at.exception and not at.error
+    off, wi = ids["on-policy"][:8], ids["wi"][:8]
+    want = f"This report is of run {off}, not of wi ({wi}): pick that run in the sidebar."
+    assert [w.value for w in at.warning] == [want]
+    at.text_input[0].input(str(junk)).run()
+    assert len(at.error) == 1 and at.error[0].value.startswith(f"{junk} is not a replay-what-if report")
