@@ -110,8 +110,8 @@ def test_killed_run_resumes_from_checkpoint(tmp_path, prefect_server, tiny_overr
     deadline = time.time() + 600
     while time.time() < deadline:  # wait until step 4 (0-based) is in the database, then kill hard
         try:
-            done = _rows(db, "select max(step) from group_results")[0][0]
-        except sa.exc.OperationalError:
+            done = _rows(db, "select max(step) from group_results", busy_timeout_s=0.05)[0][0]
+        except sa.exc.OperationalError:  # no table yet, or the writer holds the lock: poll again
             done = None
         if done is not None and done >= 4:
             break
