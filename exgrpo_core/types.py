@@ -200,3 +200,14 @@ class TrainBatch:
     is_replay: torch.Tensor
     meta: dict = field(default_factory=dict)
     tis_weights: torch.Tensor | None = None
+
+
+@dataclass
+class BatchPlan:
+    """The step's questions: `fresh` get K rollouts, `replay` get K-1 plus one stored trajectory.
+    `replay_slots`: the experiential questions asked for (round(rho*B) once replay is on, else 0)."""
+
+    step: int
+    fresh: list[str]
+    replay: list[str]
+    replay_slots: int = 0
