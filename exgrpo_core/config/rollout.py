@@ -68,6 +68,9 @@ class RolloutConfig(_Section):
             raise ValueError(f"rollout.overlap={self.overlap} needs rollout.engine=transformers for now (got "
                              f"{self.engine}): overlap on the remote engine is the next increment; colocated vLLM "
                              "shares the GPU and stays synchronous")
+        if self.overlap and self.decoder == "generate":
+            raise ValueError("rollout.overlap needs the eager or static decoder (rollout.decoder=auto): transformers' "
+                             "generate draws from torch's global generator, shared with the trainer's thread")
         return self
 
     group_size: int = Field(default=8, ge=2)

@@ -1,4 +1,4 @@
-"""`rollout.overlap = 1`: step t+1's fresh rollouts are sampled while step t trains (issue 47, first increment).
+"""`rollout.overlap = 1`: step t+1's fresh rollouts are sampled while step t trains (first increment).
 
 After step t's buffer update and trajectory selection, `start_next` plans step t+1's batch and samples it in a
 background thread, on a copy of the policy holding the weights step t started with (torch ops release the
