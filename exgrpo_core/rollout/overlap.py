@@ -20,6 +20,7 @@ import torch
 
 from exgrpo_core.rollout import decode
 from exgrpo_core.rollout.static_decode import InferenceCopy, StaticDecoder
+from exgrpo_core.training.distributed import topology
 from exgrpo_core.types import BatchPlan, Generation
 
 
@@ -102,6 +103,12 @@ def planned(s):
     return job.plan if job is not None and job.plan.step == s.step else None
 
 
+def wait(s) -> None:
+    """Let the batch in flight finish (its result is kept)."""
+    if s.ahead is not None and s.ahead.job is not None and s.ahead.job.thread is not None:
+        s.ahead.job.thread.join()
+
+
 def bound(cfg) -> int:
     """The oldest a fresh batch may be, in steps (`rollout.max_staleness`, default `rollout.overlap`)."""
     return cfg.overlap if cfg.max_staleness is None else cfg.max_staleness
@@ -126,8 +133,13 @@ def start_next(s, plan_batch) -> None:
     cfg = s.cfg
     if not cfg.rollout.overlap or s.step + 1 >= cfg.run.steps or planned(s) is not None:
         return
-    s.ahead = s.ahead or Ahead()
-    s.ahead.sampler = s.ahead.sampler or Sampler(s.engine)
+    if s.ahead is None or s.ahead.sampler is None:
+        if topology().world > 1:
+            raise ValueError("rollout.overlap runs in one process for now (the sampler copy is not sharded): "
+                             "set rollout.overlap=0 under torchrun / accelerate launch")
+        s.ahead = s.ahead or Ahead()
+        s.ahead.sampler = Sampler(s.engine)
+        s._closers.append(lambda: wait(s))  # no sampling thread outlives the session
     s.step += 1
     try:
         plan = plan_batch(s)
