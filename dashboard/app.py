@@ -16,6 +16,7 @@ PAGES = [
     st.Page("views/staleness.py", title="Staleness", icon=":material/history:", url_path="staleness"),
     st.Page("views/experience.py", title="Experience browser", icon=":material/search:", url_path="experience"),
     st.Page("views/results.py", title="Results", icon=":material/leaderboard:", url_path="results"),
+    st.Page("views/what_if.py", title="Replay what-if", icon=":material/alt_route:", url_path="what_if"),
     st.Page("views/audit.py", title="Verifier audit", icon=":material/fact_check:", url_path="audit"),
     # the app's root URL (`/?run=ID` links) shows Runs too; a default page is served only at `/`, so Runs
     # itself is not the default, or `/runs` would be "Page not found"

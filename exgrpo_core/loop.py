@@ -16,7 +16,7 @@ from functools import partial
 import torch
 
 from exgrpo_core import metrics as M
-from exgrpo_core.algorithm import losses, selection, spread
+from exgrpo_core.algorithm import age, dynamic_sampling, importance, losses, selection, spread
 from exgrpo_core.algorithm.advantages import compute_group_advantages
 from exgrpo_core.observe import monitors, staleness
 from exgrpo_core.reward import audit, source as sources
@@ -55,33 +55,77 @@ def plan_batch(s: Session) -> BatchPlan:
     replay: list[str] = []
     if s.replay_active and cfg.replay_questions > 0:
         weights = replay_weights(cfg)
-        # = selection.sample_questions(buffer_state.buckets, ...), reading only bucket sizes and chosen uids
-        replay = s.store.sample_replay_questions(
-            s.run_id, cfg.rollout.group_size, cfg.replay_questions, weights, s.rng,
-            per_question=cfg.selection.question_weighting in selection.PER_QUESTION)
-    fresh = s.sampler.next(cfg.train.batch_size - len(replay), exclude=set(replay),
-                           retired=s.store.retired_uids(s.run_id) if cfg.buffer.skip_retired_fresh else set(),
-                           skip_retired=cfg.buffer.skip_retired_fresh,
-                           min_remaining=cfg.buffer.min_fresh_remaining)
+        per_question = cfg.selection.question_weighting in selection.PER_QUESTION
+        if cfg.buffer.max_age is not None or cfg.selection.age_half_life is not None:  # the age rules (age.py)
+            replay = s.store.sample_aged_replay_questions(
+                s.run_id, cfg.replay_questions, weights, s.rng, s.step, per_question, cfg.buffer.max_age,
+                cfg.selection.age_half_life)
+        else:  # = selection.sample_questions(buffer_state.buckets, ...), reading only bucket sizes and chosen uids
+            replay = s.store.sample_replay_questions(s.run_id, cfg.rollout.group_size, cfg.replay_questions, weights,
+                                                     s.rng, per_question=per_question)
+    fresh = draw_fresh(s, cfg.train.batch_size - len(replay), set(replay))
     return BatchPlan(s.step, fresh, replay, cfg.replay_questions if s.replay_active else 0)
+
+
+def draw_fresh(s: Session, n: int, exclude: set[str]) -> list[str]:
+    """The next n fresh questions of the run's sampler (its position is checkpointed), none of `exclude`."""
+    b = s.cfg.buffer
+    return s.sampler.next(n, exclude=exclude, retired=s.store.retired_uids(s.run_id) if b.skip_retired_fresh else set(),
+                          skip_retired=b.skip_retired_fresh, min_remaining=b.min_fresh_remaining)
 
 
 def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
     """Sample K (fresh) or K-1 (experiential) responses, then score them with the trainer when
     the sampler's numbers are not already the trainer's (`needs_rescore`; the log-prob gap is then 0)."""
     t0 = time.perf_counter()
+    steps0 = getattr(s.engine, "row_steps", None)
+    gens, version, dropped = overlap.take(s, plan)  # (rollout.overlap) sampled ahead, by policy `version`
+    rollouts, gap = sample(s, plan.fresh, plan.replay, version, gens)
+    if s.cfg.rollout.dynamic_sampling:
+        gap += refill(s, plan, rollouts)
+    tokens = sum(len(r.response_ids) for r in rollouts)
+    dt = time.perf_counter() - t0
+    work = {} if steps0 is None else {M.ROLLOUT_ROW_STEPS: float(s.engine.row_steps - steps0),
+                                      M.ROLLOUT_USEFUL_ROW_STEPS: float(tokens)}
+    if s.cfg.rollout.overlap:
+        work.update({M.FRESH_STALENESS: float(plan.step - version), M.FRESH_DROPPED: float(dropped)})
+    return rollouts, {**work,
+        M.RESPONSES: float(len(rollouts)), M.TIME_ROLLOUT: dt, M.ROLLOUT_TOKENS_PER_S: tokens / max(dt, 1e-9),
+        M.RESPONSE_LENGTH: tokens / max(len(rollouts), 1),
+        M.TRUNCATION_RATE: sum(r.truncated for r in rollouts) / max(len(rollouts), 1),
+        M.FRESH_ENTROPY: _mean([r.entropy for r in rollouts]), M.SAMPLER_TRAINER_GAP: _mean(gap),
+        **mismatch_stats(rollouts, s.cfg.loss)}
+
+
+def mismatch_stats(rollouts: list[Rollout], loss) -> dict:
+    """The sampler-trainer mismatch of the fresh rollouts: their mean sequence ratio pi_trainer / pi_sampler (1 where
+    the sampler is the trainer) and the fraction of their tokens the importance mask (`loss.is_mode=mask`) drops."""
+    scored = [r for r in rollouts if r.sampler_logprobs is not None]
+    ratios = [importance.sequence_ratio(r.behaviour_logprobs, r.sampler_logprobs) for r in scored]
+    masked, tokens = 0, sum(len(r.response_ids) for r in rollouts)
+    if loss.tis_cap is not None and loss.is_mode == "mask":
+        for r in scored:
+            w = importance.fresh_weights(torch.tensor(r.behaviour_logprobs), torch.tensor(r.sampler_logprobs),
+                                         loss.tis_cap, loss.is_level, loss.is_mode)
+            masked += int((w == 0).sum())
+    return {M.IS_FRESH_SEQ_RATIO: _mean(ratios) if ratios else 1.0, M.IS_MASKED_FRACTION: masked / max(tokens, 1)}
+
+
+def sample(s: Session, fresh: list[str], replay: list[str], step: int,
+           gens=None) -> tuple[list[Rollout], list[float]]:
+    """K responses per fresh question, K-1 per experiential one (K with prompt replay), in one batch, scored
+    by the trainer where needed; also each token's sampler-trainer log-prob gap. `step`: the policy version
+    sampling them; `gens`: the groups already sampled (rollout.overlap)."""
     K, cfg = s.cfg.rollout.group_size, s.cfg.rollout
-    uids = plan.fresh + plan.replay
-    counts = [K] * len(plan.fresh) + [K - (s.cfg.buffer.replay_mode == "trajectory")] * len(plan.replay)
+    uids = fresh + replay
+    counts = [K] * len(fresh) + [K - (s.cfg.buffer.replay_mode == "trajectory")] * len(replay)
     rollouts: list[Rollout] = []
     entropies: list[list[float]] = []
-    steps0 = getattr(s.engine, "row_steps", None)
-    gens, version, dropped = overlap.take(s, plan)
     if gens is None:
         gens = s.team.generate([s.prompt_ids(u) for u in uids], counts, temperature=cfg.temperature,
                                max_new_tokens=cfg.max_response_tokens)  # one batch: K and K-1 samples together
     for uid, group in zip(uids, gens):
-        rollouts += [Rollout(uid, s.prompt_ids(uid), g.response_ids, g.logprobs, g.text, g.truncated, version)
+        rollouts += [Rollout(uid, s.prompt_ids(uid), g.response_ids, g.logprobs, g.text, g.truncated, step)
                      for g in group]
         entropies += [g.entropies for g in group]
     sampler_logp = [r.behaviour_logprobs for r in rollouts]
@@ -92,18 +136,33 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
     else:  # the sampler's log-probs and entropies are the trainer's: H(o) is their response mean
         for r, ent in zip(rollouts, entropies):
             r.entropy = float(sum(ent) / len(ent)) if ent else 0.0
-    gap = [abs(a - b) for r, sl in zip(rollouts, sampler_logp) for a, b in zip(r.behaviour_logprobs, sl)]
-    tokens = sum(len(r.response_ids) for r in rollouts)
-    dt = time.perf_counter() - t0
-    work = {} if steps0 is None else {M.ROLLOUT_ROW_STEPS: float(s.engine.row_steps - steps0),
-                                      M.ROLLOUT_USEFUL_ROW_STEPS: float(sum(len(g.response_ids) for gs in gens for g in gs))}
-    if s.cfg.rollout.overlap:
-        work.update({M.FRESH_STALENESS: float(plan.step - version), M.FRESH_DROPPED: float(dropped)})
-    return rollouts, {**work,
-        M.RESPONSES: float(len(rollouts)), M.TIME_ROLLOUT: dt, M.ROLLOUT_TOKENS_PER_S: tokens / max(dt, 1e-9),
-        M.RESPONSE_LENGTH: tokens / max(len(rollouts), 1),
-        M.TRUNCATION_RATE: sum(r.truncated for r in rollouts) / max(len(rollouts), 1),
-        M.FRESH_ENTROPY: _mean([r.entropy for r in rollouts]), M.SAMPLER_TRAINER_GAP: _mean(gap)}
+    return rollouts, [abs(a - b) for r, sl in zip(rollouts, sampler_logp) for a, b in zip(r.behaviour_logprobs, sl)]
+
+
+def refill(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> list[float]:
+    """DAPO dynamic sampling (algorithm/dynamic_sampling.py): grade the fresh groups, list the all-equal ones in
+    `plan.dropped` and draw as many further fresh questions, for at most `rollout.dynamic_sampling_rounds`
+    rounds; the new rollouts join `rollouts` (graded) and their questions `plan.fresh`. Returns their gaps."""
+    gaps: list[float] = []
+    pending = set(plan.fresh)
+    todo = [r for r in rollouts if r.question_uid in pending]
+    while True:
+        grade(s, todo)
+        groups: dict[str, list[float]] = {}
+        for r in todo:
+            groups.setdefault(r.question_uid, []).append(r.reward)
+        drop = dynamic_sampling.dropped(groups)
+        plan.dropped += drop
+        if not drop or plan.rounds >= s.cfg.rollout.dynamic_sampling_rounds:
+            return gaps
+        new = draw_fresh(s, len(drop), set(plan.fresh) | set(plan.replay))
+        if not new:
+            return gaps
+        plan.rounds += 1
+        todo, gap = sample(s, new, [], plan.step)
+        plan.fresh += new
+        rollouts += todo
+        gaps += gap
 
 
 def needs_rescore(s: Session) -> bool:
@@ -153,14 +212,14 @@ def verify(s: Session, rollouts: list[Rollout]) -> dict:
     multiple-choice rows, as evaluation does), recording what it read; switch replay on when the
     batch is good enough."""
     t0 = time.perf_counter()
-    questions = [s.questions[r.question_uid] for r in rollouts]
-    failed: dict = {}
-    if getattr(s, "reward", None) is not None:  # reward.fn / reward.url
-        failed = sources.grade(s.reward, rollouts, questions, *sources.describe(s.cfg.reward))
-        sources.warn_failures(s.cfg.reward, rollouts, failed)
-    else:
-        audit.grade_and_describe(s.verify, rollouts, questions, require_think=s.cfg.reward.require_think)
-    truncated_rewarded = audit.apply_truncation_rule(rollouts, s.cfg.reward.truncated)
+    early = [r for r in rollouts if r.reason != "unverified"]  # graded by dynamic sampling (`refill`)
+    failed, truncated_rewarded = grade(s, [r for r in rollouts if r.reason == "unverified"])
+    if early:  # their failures and rewarded truncations read back from the records
+        scored = getattr(s, "reward", None) is not None
+        failed = {"error": failed.get("error", 0) + failed.get("invalid", 0)
+                  + sum(scored and r.reason in ("error", "invalid") for r in early)}
+        truncated_rewarded += sum(r.reason == "truncated" if s.cfg.reward.truncated == "zero" else
+                                  r.truncated and r.reward > 0 for r in early)
     frac = (selection.batch_mean_reward if s.cfg.reward.continuous else selection.batch_correct_fraction)(
         [r.reward for r in rollouts])
     if (not s.replay_active and s.cfg.replay_questions > 0
@@ -173,6 +232,21 @@ def verify(s: Session, rollouts: list[Rollout]) -> dict:
             M.VERIFY_ERRORS: float(failed.get("error", 0) + failed.get("invalid", 0)),
             M.VERIFY_TRUNCATED_REWARDED: float(truncated_rewarded),
             M.REPLAY_ACTIVE: float(s.replay_active), M.TIME_VERIFY: time.perf_counter() - t0}
+
+
+def grade(s: Session, rollouts: list[Rollout]) -> tuple[dict, int]:
+    """Grade these rollouts in place (reward function / server, else math-verify or the choice letter) and apply
+    `reward.truncated`: the failures by reason and how many truncated responses the grader rewarded."""
+    if not rollouts:
+        return {}, 0
+    questions = [s.questions[r.question_uid] for r in rollouts]
+    failed: dict = {}
+    if getattr(s, "reward", None) is not None:  # reward.fn / reward.url
+        failed = sources.grade(s.reward, rollouts, questions, *sources.describe(s.cfg.reward))
+        sources.warn_failures(s.cfg.reward, rollouts, failed)
+    else:
+        audit.grade_and_describe(s.verify, rollouts, questions, require_think=s.cfg.reward.require_think)
+    return failed, audit.apply_truncation_rule(rollouts, s.cfg.reward.truncated)
 
 
 def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple[list[GroupResult], dict]:
@@ -202,8 +276,10 @@ def update_buffer(s: Session, plan: BatchPlan, rollouts: list[Rollout]) -> tuple
     stats[M.TARGET_GAP] = target_gap(list(drawn.values()), {} if per_question else replay_weights(s.cfg))
     fresh = [r.reward for g in groups if not g.is_replay for r in g.rollouts]
     stats[M.FRESH_PASS1] = _mean(fresh)
+    stats[M.DS_DROPPED], stats[M.DS_ROUNDS] = float(len(plan.dropped)), float(plan.rounds)
     stats[M.TIME_BUFFER] = time.perf_counter() - t0
-    return groups, stats
+    dropped = set(plan.dropped)  # dynamic sampling: recorded above, left out of training (unless nothing is left)
+    return [g for g in groups if g.question_uid not in dropped] or groups, stats
 
 
 def select_trajectories(s: Session, plan: BatchPlan) -> tuple[dict[str, Rollout], dict]:
@@ -212,7 +288,8 @@ def select_trajectories(s: Session, plan: BatchPlan) -> tuple[dict[str, Rollout]
     wanted = plan.replay if s.cfg.buffer.replay_mode == "trajectory" else []  # prompt replay: no trajectory
     # token ids of every candidate; stored log-probs and text are read for the chosen ones only
     cands = s.store.candidates(s.run_id, wanted, before_step=plan.step, payload=False) if wanted else {}
-    exp = {e.id: e for uid in plan.replay for e in cands.get(uid, [])}
+    exp = {e.id: e for uid in plan.replay for e in cands.get(uid, [])
+           if age.young_enough(plan.step - e.step, s.cfg.buffer.max_age)}
     rows = [Rollout(e.question_uid, s.prompt_ids(e.question_uid), e.response_ids, [0.0] * len(e.response_ids), "",
                     False, e.step, reward=1.0, reason="replayed", replayed_from=e.id) for e in exp.values()]
     score_rollouts(s, rows, s.cfg.selection.entropy)  # recompute H(o) under the current policy
@@ -231,7 +308,9 @@ def select_trajectories(s: Session, plan: BatchPlan) -> tuple[dict[str, Rollout]
     shaping = s.cfg.loss.shaping_beta if s.cfg.loss.policy_shaping else None
     stale = staleness.replay_stats(plan.step, [r.step for r in chosen.values()], [current[u] for u in chosen],
                                    [r.behaviour_logprobs for r in chosen.values()], shaping)
+    replay_ratio = [importance.sequence_ratio(current[u], r.behaviour_logprobs) for u, r in chosen.items()]
     return chosen, {M.REPLAYED_SAMPLES: float(len(chosen)), M.CANDIDATES: float(len(rows)),
+                    M.IS_REPLAY_SEQ_RATIO: _mean(replay_ratio),
                     M.REPLAYED_ENTROPY: _mean([r.entropy for r in chosen.values()]),
                     M.UNFILLED_SLOTS: float(max(plan.replay_slots - len(chosen if wanted else plan.replay), 0)),
                     **stale,
@@ -253,7 +332,8 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
     replay_term = (partial(losses.shaped_replay_term, beta=cfg.loss.shaping_beta) if cfg.loss.policy_shaping
                    else losses.plain_replay_term)
     replay_term = losses.replay_behaviour(replay_term, cfg.loss.replay_old_logprobs)
-    batch = collate(rows, advs, s.engine.pad_id, qidx, tis_cap=cfg.loss.tis_cap)
+    batch = collate(rows, advs, s.engine.pad_id, qidx, tis_cap=cfg.loss.tis_cap, is_level=cfg.loss.is_level,
+                    is_mode=cfg.loss.is_mode)
     flops = model_train_flops(s.accelerator.unwrap_model(s.model), batch.attention_mask.sum(1).tolist())
     t_opt = time.perf_counter()
     stats.update(s.team.optimise(

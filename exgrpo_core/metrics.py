@@ -26,6 +26,8 @@ VERIFY_TIMEOUTS = "verify/timeouts"
 VERIFY_NO_ANSWER = "verify/no_answer"
 VERIFY_ERRORS = "verify/errors"  # items a reward function / server could not score: an exception, or an unusable value
 VERIFY_TRUNCATED_REWARDED = "verify/truncated_rewarded"  # responses cut at the length limit the grader rewarded
+DS_DROPPED = "rollout/ds_dropped_groups"  # dynamic sampling: all-equal fresh groups left out of training (0: off)
+DS_ROUNDS = "rollout/ds_rounds"  # dynamic sampling: extra generation rounds that refilled the batch
 # buffer
 BUFFER_QUESTIONS = "buffer/questions"
 BUFFER_TRAJECTORIES = "buffer/trajectories"
@@ -56,6 +58,12 @@ REPLAY_W_MAX = "select/w_max"
 REPLAY_FW_P10 = "select/fw_p10"
 REPLAY_FW_P50 = "select/fw_p50"
 REPLAY_FW_P90 = "select/fw_p90"
+# importance ratios (sequence level: prod over the tokens of pi / pi_behaviour): the sampler-trainer mismatch of fresh
+# rollouts (1 where the sampler is the trainer), the staleness of replayed ones (0 when none), and the fresh tokens
+# the importance mask drops (loss.is_mode=mask; else 0)
+IS_FRESH_SEQ_RATIO = "is/fresh_seq_ratio_mean"
+IS_REPLAY_SEQ_RATIO = "is/replay_seq_ratio_mean"
+IS_MASKED_FRACTION = "is/masked_fraction"
 # loss / optimisation
 LOSS_TOTAL = "loss/total"
 LOSS_ONPOLICY = "loss/onpolicy"

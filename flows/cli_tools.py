@@ -19,9 +19,9 @@ def cmd_rollout_server(args: argparse.Namespace) -> int:
 
     extra = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
     bound = next((a for a in extra if bind_flag(a)), None)
-    if bound:  # vLLM keeps the last --host: it would move past the key gate's loopback bind
+    if bound:  # vLLM keeps the last --host: it would move past the key gate's private socket
         console.print("[red]error[/red]: " + escape(f"{bound} after `--` would override where vLLM listens "
-                                                    "(and the key gate's loopback bind): use exgrpo "
+                                                    "(and the key gate's private socket): use exgrpo "
                                                     "rollout-server's own --host / --port"))
         return 2
     cmd = serve_command(args.model, python=args.python, host=args.host, port=args.port, dtype=args.dtype,
@@ -40,8 +40,9 @@ def cmd_rollout_server(args: argparse.Namespace) -> int:
     env, shown = serve_env(cmd)
     print(shown, flush=True)
     if key:
-        print(f"(run on 127.0.0.1 behind a key gate at {args.host}:{args.port}: every route but GET /health needs "
-              f"Authorization: Bearer ${API_KEY_ENV}; flows/rollout_gate.py)", flush=True)
+        print(f"(run on a Unix socket in a 0700 folder, --uds in place of --host/--port, behind a key gate at "
+              f"{args.host}:{args.port}: every route but GET /health needs Authorization: Bearer ${API_KEY_ENV}; "
+              "flows/rollout_gate.py)", flush=True)
     host = "rollout-node" if args.host in ("0.0.0.0", "::") else args.host
     print(f"train with: --set rollout.engine=remote --set rollout.server_url=http://{host}:{args.port}"
           f" --set model.dtype={args.dtype} --set rollout.weight_transfer={args.weight_transfer}", flush=True)

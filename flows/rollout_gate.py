@@ -2,10 +2,11 @@
 
 vLLM's own key (VLLM_API_KEY) guards only its sampling routes; the RL routes that pause the server and
 replace its weights (/pause, /init_weight_transfer_engine, /update_weights, /weight_checker, ...) take
-requests from anyone who reaches the port. So `vllm serve` listens on 127.0.0.1 at a port of its own,
-and this gate listens where the trainer connects (--host/--port): it forwards a request only when it
-carries `Authorization: Bearer <key>` (the trainer's ServerClient sends it), answers 401 otherwise, and
-lets only `GET /health` through without the key. The body goes through unchanged, both ways.
+requests from anyone who reaches the port. So `vllm serve` listens on no port at all: on a Unix socket
+(`--uds`) in a folder of its own, mode 0700, which other local users cannot open; and this gate listens
+where the trainer connects (--host/--port): it forwards a request only when it carries
+`Authorization: Bearer <key>` (the trainer's ServerClient sends it), answers 401 otherwise, and lets only
+`GET /health` through without the key. The body goes through unchanged, both ways.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import hmac
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -47,7 +50,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP | {"host", "content-length"}}
-        conn = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port, timeout=self.server.timeout_s)
+        conn = self.server.upstream_connection()
         try:
             conn.request(self.command, self.path, body=body or None, headers=headers)
             resp = conn.getresponse()
@@ -79,32 +82,56 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    """An HTTP connection to a Unix socket (vLLM's --uds)."""
+
+    def __init__(self, socket_path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
 class TokenGate(ThreadingHTTPServer):
-    """Listens at (host, port) and forwards requests with the right bearer key to 127.0.0.1:upstream_port."""
+    """Listens at (host, port) and forwards requests with the right bearer key to `upstream`: a Unix socket's
+    path (what `serve` uses) or a port on 127.0.0.1."""
 
     daemon_threads = True
 
-    def __init__(self, host: str, port: int, upstream_port: int, key: str, timeout_s: float = 3600.0):
+    def __init__(self, host: str, port: int, upstream: str | int, key: str, timeout_s: float = 3600.0):
         if not key or short_key(key):
             raise ValueError(short_key(key) or "the gate needs a key")
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), _Handler)
-        self.upstream_port, self.timeout_s = upstream_port, timeout_s
+        self.upstream, self.timeout_s = upstream, timeout_s
         self._expected = f"Bearer {key}".encode()
 
     def allows(self, header: str) -> bool:
         return hmac.compare_digest(header.encode(), self._expected)
 
+    def upstream_connection(self) -> http.client.HTTPConnection:
+        if isinstance(self.upstream, str):
+            return _UnixConnection(self.upstream, self.timeout_s)
+        return http.client.HTTPConnection("127.0.0.1", self.upstream, timeout=self.timeout_s)
 
-def free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def private_socket_path() -> str:
+    """A Unix socket's path in a new folder only this user may enter (0700); short enough for AF_UNIX."""
+    base = None if len(tempfile.gettempdir()) < 60 else "/tmp"  # a socket path has at most 107 bytes
+    return os.path.join(tempfile.mkdtemp(prefix="exgrpo-vllm-", dir=base), "vllm.sock")
 
 
-def behind_gate(cmd: list[str], port: int) -> list[str]:
-    """The `vllm serve` command moved to 127.0.0.1:`port`: every --host / --port it has (also --flag=value
-    and abbreviated) dropped, then exactly one of each appended."""
+def behind_gate(cmd: list[str], socket_path: str) -> list[str]:
+    """The `vllm serve` command moved off the network onto the Unix socket `socket_path`: every --host /
+    --port / --uds it has (also --flag=value and abbreviated) dropped, then `--uds socket_path` appended."""
     from exgrpo_core.rollout.remote import bind_flag
 
     out, rest = [], iter(cmd)
@@ -114,13 +141,13 @@ def behind_gate(cmd: list[str], port: int) -> list[str]:
                 next(rest, None)  # its value
             continue
         out.append(arg)
-    return out + ["--host", "127.0.0.1", "--port", str(port)]
+    return out + ["--uds", socket_path]
 
 
 def serve(cmd: list[str], env: dict[str, str], host: str, port: int, key: str) -> int:
-    """Run `cmd` (vllm serve) on a loopback port with the gate at host:port in front; returns vLLM's exit
-    code. SIGTERM / SIGINT stop both."""
-    inner = free_loopback_port()
+    """Run `cmd` (vllm serve) on a private Unix socket with the gate at host:port in front; returns vLLM's
+    exit code. SIGTERM / SIGINT stop both."""
+    inner = private_socket_path()
     gate = TokenGate(host, port, inner, key)
     proc = subprocess.Popen(behind_gate(cmd, inner), env={**os.environ, **env})
 
@@ -136,3 +163,4 @@ def serve(cmd: list[str], env: dict[str, str], host: str, port: int, key: str) -
     finally:
         gate.shutdown()
         gate.server_close()
+        shutil.rmtree(os.path.dirname(inner), ignore_errors=True)

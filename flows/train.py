@@ -31,7 +31,8 @@ from flows.dead_attempts import end_dead_attempts
 from flows.dependency_errors import database_lost, dependency_error, quiet_dependency_faults
 from flows.eval_tasks import TrainingEvaluator
 from flows.input_checks import USER_ERRORS, check_form_config
-from flows.planned_end import BadParameters, failed_state, planned_state, quiet_planned_ends
+from flows.planned_end import (BadParameters, CancelledEnd, cancel_requested, failed_state, planned_state,
+                               quiet_planned_ends)
 from flows.plots import write_run_pictures
 from flows.run_report import FlowRunReport, cli_equivalent, link_tags, stage_name
 from flows.task_args import whole
@@ -203,6 +204,11 @@ def train(preset: Preset = "tiny", run_name: RunName = "", steps: Steps = 0, rep
     except BaseException as e:
         status = end_status(e)
         recorded = _record_end(s, tracker, status, database=not database_lost(e))  # not into a lost file
+        if status == "killed" and cancel_requested(e):  # a Cancel: Cancelled now, one line (flows/planned_end.py)
+            end = CancelledEnd(f"run {cfg.run.name} cancelled after step {s.step}: {recorded}; a Retry continues it "
+                               "from its last checkpoint")
+            print(end)
+            return planned_state("Cancelled", end)
         fault = dependency_error(e, cfg, s.run_dir, recorded) if status == "failed" else None
         if fault is not None:  # a service died mid-run: one line naming it (flows/dependency_errors.py)
             raise fault from e

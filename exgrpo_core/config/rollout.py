@@ -75,6 +75,12 @@ class RolloutConfig(_Section):
 
     group_size: int = Field(default=8, ge=2)
     """K responses per question (paper: 8)."""
+    dynamic_sampling: bool = False
+    """(replay lab, DAPO) Fresh groups whose rewards are all equal are dropped from the training batch (still
+    recorded and collected as usual) and the batch is refilled with further fresh questions, for at most
+    `dynamic_sampling_rounds` extra generation rounds (algorithm/dynamic_sampling.py)."""
+    dynamic_sampling_rounds: int = Field(default=3, ge=1)
+    """(dynamic_sampling) Extra generation rounds per step at most; what is still dropped after them is not replaced."""
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature (paper: 1.0)."""
     top_p: float = Field(default=1.0, gt=0, le=1)

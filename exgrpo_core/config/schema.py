@@ -193,6 +193,9 @@ class BufferConfig(_Section):
     """trajectory (ExGRPO): an experiential question gets K-1 fresh rollouts beside its chosen stored
     trajectory; prompt (prompt replay, the replay lab's arm): it is drawn from the pool the same way but
     gets K fresh rollouts and no stored trajectory."""
+    max_age: int | None = Field(default=None, ge=0)
+    """(replay lab) A stored trajectory sampled more than this many steps before the current step is never
+    replayed; a question is drawn only when it has a younger candidate (None: any age, ExGRPO)."""
     store_all_rollouts: bool = True
     """Store every verified rollout (for analysis); only correct ones of eligible groups enter the pool."""
     warm_start: list[str] = []
@@ -228,6 +231,9 @@ class SelectionConfig(_Section):
     """Which stored correct trajectory to replay: lowest current-policy entropy (default) or ablations."""
     entropy: Literal["mean", "nll"] = "mean"
     """Trajectory entropy: mean full-distribution entropy over response tokens, or mean NLL (ablation)."""
+    age_half_life: float | None = Field(default=None, gt=0)
+    """(replay lab) Age-decayed priority: a question's draw weight is its bucket's times 0.5 ** (age of its
+    newest candidate / age_half_life), age in steps (algorithm/age.py; None: no decay, ExGRPO)."""
 
     @field_validator("question_weighting", mode="before")
     @classmethod
@@ -269,6 +275,16 @@ class LossConfig(_Section):
     tis_cap: float | None = Field(default=None, gt=0)
     """Truncated importance sampling for fresh rollouts when the sampler is not the trainer (vLLM):
     on-policy tokens are weighted by min(pi_trainer / pi_sampler, tis_cap) (None: off; verl uses 2)."""
+    is_level: Literal["token", "sequence"] = "token"
+    """(with tis_cap) The ratio per token, or per sequence (the product over its tokens, on all of them)."""
+    is_mode: Literal["truncate", "mask"] = "truncate"
+    """(with tis_cap) truncate: min(ratio, cap) (TIS); mask: the ratio, 0 where it exceeds the cap (MIS)."""
+
+    @model_validator(mode="after")
+    def _is_needs_cap(self):
+        if self.tis_cap is None and (self.is_level, self.is_mode) != ("token", "truncate"):
+            raise ValueError("loss.is_level / loss.is_mode need loss.tis_cap (the cap they truncate or mask at)")
+        return self
 
 
 class TrainConfig(_Section):

@@ -48,7 +48,7 @@ PIP_HINT = "pip install exgrpo[vllm]"
 EXTENSION = f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qualname__}"
 """The worker extension `vllm serve` loads (--worker-extension-cls): the checksum RPC below."""
 CHECK_RPC = WeightSyncExtension.exgrpo_checksums.__name__
-BIND_FLAGS = ("--host", "--port")
+BIND_FLAGS = ("--host", "--port", "--uds")
 
 
 class RemoteEngineError(RuntimeError):
@@ -85,8 +85,8 @@ def serve_command(model: str, *, python: str = sys.executable, host: str = "127.
 
 
 def bind_flag(arg: str) -> str | None:
-    """"--host" or "--port" when `arg` sets that flag of `vllm serve` (also as --flag=value, or abbreviated as
-    argparse allows), else None."""
+    """"--host", "--port" or "--uds" when `arg` sets that flag of `vllm serve` (also as --flag=value, or
+    abbreviated as argparse allows), else None."""
     name = arg.split("=", 1)[0]
     return next((f for f in BIND_FLAGS if len(name) > 3 and f.startswith(name)), None)
 

@@ -21,7 +21,7 @@ from sqlalchemy import Connection, bindparam, case, delete, insert, select, upda
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from exgrpo_core.algorithm import selection
+from exgrpo_core.algorithm import age, selection
 from exgrpo_core.store.codec import decode_logprobs, decode_token_ids
 from exgrpo_core.store.buffer import (CollectRule, apply_groups, bulk_insert, chunks, none_if_nan, review_retired,
                                       read_buffer_state, states_by_uid)
@@ -30,7 +30,7 @@ from exgrpo_core.store.engine import (StoreError, create_store_engine, mask_url,
 from exgrpo_core.store.tables import (EvalResult, GroupResultRow, QuestionRow, QuestionState, Replay, Run,
                                       StepMetric, Trajectory)
 from exgrpo_core.store.rollback import rollback_rows
-from exgrpo_core.store.replay import bucket_sizes, candidate_rows, payload_rows, pooled_uids_at
+from exgrpo_core.store.replay import bucket_sizes, candidate_rows, payload_rows, pooled_newest, pooled_uids_at
 from exgrpo_core.store.audit import AuditStore
 from exgrpo_core.store.warm import WarmStartStore
 from exgrpo_core.types import BufferState, Experience, GroupResult, Question
@@ -255,6 +255,17 @@ class ExperienceStore(WarmStartStore, AuditStore):
             picks = selection.sample_bucket_positions(bucket_sizes(conn, run_id, drawable), n, weights, rng,
                                                       per_question)
             return pooled_uids_at(conn, run_id, picks)
+
+    def sample_aged_replay_questions(self, run_id: str, n: int, weights: dict[int, float], rng: random.Random,
+                                     step: int, per_question: bool = False, max_age: int | None = None,
+                                     half_life: float | None = None) -> list[str]:
+        """ExGRPO question sampling under the age rules (`age.sample_aged_questions`) at step `step`: reads every
+        pooled question of the drawable buckets with its newest candidate's step (O(pool), not O(log pool))."""
+        drawable = [k for k, w in weights.items() if isinstance(w, (int, float)) and w > 0]
+        with read_connection(self.engine, f"sampling replay questions of run {run_id}") as conn:
+            newest = pooled_newest(conn, run_id, drawable, step)
+        buckets = {k: [(uid, step - s) for uid, s in members] for k, members in newest.items()}
+        return age.sample_aged_questions(buckets, n, weights, rng, per_question, max_age, half_life)
 
     def candidates(self, run_id: str, question_uids: list[str], before_step: int,
                    payload: bool = True) -> dict[str, list[Experience]]:

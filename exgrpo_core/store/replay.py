@@ -174,6 +174,25 @@ def pooled_uids_at(conn: Connection, run_id: str, picks: list[tuple[int, int]]) 
     return [found[p][0] for p in picks]
 
 
+def pooled_newest(conn: Connection, run_id: str, ks: list[int], before_step: int) -> dict[int, list[tuple[str, int]]]:
+    """{k: [(uid, step of its newest pooled trajectory generated before `before_step`)]} for the pooled
+    questions of buckets `ks`, each bucket in slot order; a question without such a trajectory is left out.
+    Reads the whole of these buckets (the age rules weigh every member), one statement."""
+    qs, T = QuestionState, Trajectory
+    if not ks:
+        return {}
+    rows = conn.execute(
+        select(qs.latest_k, qs.slot, qs.uid, func.max(T.step)).join(
+            T, and_(T.run_id == qs.run_id, T.question_id == qs.question_id, T.in_pool.is_(True),
+                    T.step < before_step))
+        .where(*pooled_filter(run_id), qs.latest_k.in_(sorted(set(ks))))
+        .group_by(qs.latest_k, qs.slot, qs.uid).order_by(qs.latest_k, qs.slot))
+    out: dict[int, list[tuple[str, int]]] = {}
+    for k, _, uid, newest in rows:
+        out.setdefault(int(k), []).append((uid, int(newest)))
+    return out
+
+
 # ---- keeping the slots dense -------------------------------------------------------------------
 def plan_slot_moves(sizes: dict[int, int], leaving: list[tuple[int, int, int]], joining: list[tuple[int, str, int]],
                     tail: dict[tuple[int, int], int]) -> dict[int, tuple[int | None, int | None]]:

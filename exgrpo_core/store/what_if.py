@@ -19,7 +19,7 @@ from collections import Counter
 from sqlalchemy import select
 
 from exgrpo_core import metrics as M
-from exgrpo_core.algorithm import selection
+from exgrpo_core.algorithm import age, selection
 from exgrpo_core.store.tables import GroupResultRow as G, QuestionState as QS, Replay as R, Trajectory as T
 
 
@@ -68,8 +68,10 @@ def pools(data: dict, keep_bucket_on_zero: bool) -> dict[int, dict[int, list[int
 
 
 def replay(data: dict, pool: dict[int, dict[int, list[int]]], steps: list[int], n: int, weights: dict[int, float],
-           per_question: bool, trajectory: str, seed: int) -> list[dict]:
-    """The policy's draws at each step of `steps`: [{step, questions, buckets, ages, entropies}]."""
+           per_question: bool, trajectory: str, seed: int, max_age: int | None = None,
+           half_life: float | None = None) -> list[dict]:
+    """The policy's draws at each step of `steps`: [{step, questions, buckets, ages, entropies}]; with
+    `max_age` / `half_life` under the age rules (algorithm/age.py), as the loop draws then."""
     rng = random.Random(seed)
     cands: dict[int, list] = {}
     for tid, qid, step, collected, entropy in data["experiences"]:
@@ -78,10 +80,17 @@ def replay(data: dict, pool: dict[int, dict[int, list[int]]], steps: list[int], 
     for t in steps:
         buckets = pool.get(t, {})
         bucket_of = {q: k for k, qs in buckets.items() for q in qs}
-        drawn = selection.sample_questions(buckets, n, weights, rng, per_question)
+        if max_age is None and half_life is None:
+            drawn = selection.sample_questions(buckets, n, weights, rng, per_question)
+        else:
+            newest = {q: max((c[2] for c in cands.get(q, []) if c[0] < t), default=None) for qs in buckets.values()
+                      for q in qs}
+            aged = {k: [(q, t - newest[q]) for q in qs if newest[q] is not None] for k, qs in buckets.items()}
+            drawn = age.sample_aged_questions(aged, n, weights, rng, per_question, max_age, half_life)
         ages, ents = [], []
         for q in drawn:
-            options = [c for c in cands.get(q, []) if c[0] < t and c[3] is not None]
+            options = [c for c in cands.get(q, []) if c[0] < t and c[3] is not None
+                       and age.young_enough(t - c[2], max_age)]
             if options:
                 i = selection.choose_trajectory([c[3] for c in options], trajectory, rng)
                 ages.append(t - options[i][2])
@@ -146,6 +155,6 @@ def what_if(store, run_id: str, cfg, seed: int = 0) -> dict:
     weights = selection.bucket_weights(cfg.rollout.group_size, sel.question_weighting, sel.sigma, sel.sigma_unit,
                                        sel.mu, top=cfg.reward.continuous)
     draws = replay(data, pool, steps, cfg.replay_questions, weights, sel.question_weighting in selection.PER_QUESTION,
-                   sel.trajectory, seed)
+                   sel.trajectory, seed, cfg.buffer.max_age, sel.age_half_life)
     return {"run_id": run_id, "steps": [M.step_number(t) for t in steps[:1] + steps[-1:]],
             "what_if": summary(draws, weights), "actual": summary(actual(data), weights), "per_step": draws}

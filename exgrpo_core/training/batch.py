@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from exgrpo_core.algorithm import importance
 from exgrpo_core.types import Rollout, TrainBatch
 
 
 def collate(rollouts: list[Rollout], advantages: list[float], pad_id: int,
-            question_index: list[int] | None = None, tis_cap: float | None = None) -> TrainBatch:
+            question_index: list[int] | None = None, tis_cap: float | None = None, is_level: str = "token",
+            is_mode: str = "truncate") -> TrainBatch:
     """Pack N rollouts into `TrainBatch` tensors of width L = max(P + T).
 
     Args:
@@ -23,6 +25,7 @@ def collate(rollouts: list[Rollout], advantages: list[float], pad_id: int,
         question_index: [N] batch position of each row's question (mini-batches split on it).
         tis_cap: when set, `tis_weights` = min(exp(behaviour - sampler log-prob), cap) on fresh
             rows that carry `sampler_logprobs` (truncated importance sampling), 1 elsewhere.
+        is_level, is_mode: per token or per sequence, truncated or masked (`algorithm.importance.fresh_weights`).
     """
     if len(rollouts) != len(advantages):
         raise ValueError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
@@ -43,10 +46,11 @@ def collate(rollouts: list[Rollout], advantages: list[float], pad_id: int,
         advantages=torch.tensor(advantages, dtype=torch.float32), old_logprobs=old,
         is_replay=torch.tensor([r.replayed_from is not None for r in rollouts], dtype=torch.bool),
         meta={"question_index": list(question_index) if question_index is not None else list(range(n))},
-        tis_weights=None if tis_cap is None else tis_weights(rollouts, old, tis_cap))
+        tis_weights=None if tis_cap is None else tis_weights(rollouts, old, tis_cap, is_level, is_mode))
 
 
-def tis_weights(rollouts: list[Rollout], old: torch.Tensor, cap: float) -> torch.Tensor:
+def tis_weights(rollouts: list[Rollout], old: torch.Tensor, cap: float, level: str = "token",
+                mode: str = "truncate") -> torch.Tensor:
     """Truncated importance sampling (Yao et al. 2025, as in verl): min(pi_trainer / pi_sampler, cap)
     per response token of fresh rollouts scored by the trainer; 1 on replayed rows and everywhere else."""
     out = torch.ones_like(old)
@@ -57,7 +61,7 @@ def tis_weights(rollouts: list[Rollout], old: torch.Tensor, cap: float) -> torch
         if len(r.sampler_logprobs) != t:
             raise ValueError(f"rollout {i} has {len(r.sampler_logprobs)} sampler log-probs for {t} response tokens")
         sampler = torch.tensor(r.sampler_logprobs, dtype=torch.float32)
-        out[i, p:p + t] = torch.exp(old[i, p:p + t] - sampler).clamp(max=cap)
+        out[i, p:p + t] = importance.fresh_weights(old[i, p:p + t], sampler, cap, level, mode)
     return out
 
 

@@ -34,9 +34,21 @@ ARMS: dict[str, tuple[tuple[str, ...], float | None]] = {
     "review_retired": (("buffer.review_retired_every=25", "buffer.review_fraction=0.1"), None),
     # the replay lab's methods beside ExGRPO: prompt replay (medium questions re-drawn, K fresh rollouts)
     "prompt_replay": (("buffer.replay_mode=prompt",), None),
+    # no replay older than 8 steps; a question's draw weight halves every 8 steps of its newest candidate's age
+    "max_age_8": (("buffer.max_age=8",), None),
+    "age_decay": (("selection.age_half_life=8",), None),
+    # DAPO dynamic sampling: all-equal fresh groups dropped and refilled, with ExGRPO and on-policy
+    "dynamic_sampling": (("rollout.dynamic_sampling=true",), None),
+    "on_policy_ds": (("buffer.replay_ratio=0", "rollout.dynamic_sampling=true"), None),
+    # sequence-level importance weights of fresh tokens, truncated (TIS) or masked (MIS) at 2: they act only
+    # where the sampler is not the trainer (vLLM, or rollout.rescore=always)
+    "seq_tis": (("loss.tis_cap=2", "loss.is_level=sequence"), None),
+    "seq_mask": (("loss.tis_cap=2", "loss.is_level=sequence", "loss.is_mode=mask"), None),
 }
 
-DEFAULT_ARMS = [a for a in ARMS if a not in ("mu_0.25", "no_is_correction", "review_retired", "prompt_replay")]
+LAB_ARMS = ("prompt_replay", "max_age_8", "age_decay", "dynamic_sampling", "on_policy_ds", "seq_tis", "seq_mask")
+"""The replay lab's methods beside ExGRPO (docs/benchmarks/replay_lab.md): asked for by name."""
+DEFAULT_ARMS = [a for a in ARMS if a not in ("mu_0.25", "no_is_correction", "review_retired", *LAB_ARMS)]
 """What `--arms` left out runs: the paper's ablation table (the other tables' arms are asked for by name)."""
 ArmName = Literal[tuple(ARMS)]  # the Prefect form offers these names
 

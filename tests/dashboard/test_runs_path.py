@@ -18,6 +18,6 @@ def test_runs_has_its_own_url_and_the_root_shows_runs(tmp_path, monkeypatch):
              for info in at._registered_pages.values()}  # what Streamlit resolves a URL's pathname against
     assert pages["runs"] == "views/runs.py" and pages[""] == "views/runs.py", pages
     assert {p: s for p, s in pages.items() if p not in ("", "runs")} == {
-        p: f"views/{p}.py" for p in ("buffer", "entropy", "staleness", "experience", "results", "audit")}
+        p: f"views/{p}.py" for p in ("buffer", "entropy", "staleness", "experience", "results", "what_if", "audit")}
     at.switch_page("views/runs.py").run()
     assert [t.value for t in at.title] == ["Runs"] and not at.exception

@@ -69,10 +69,10 @@ def test_the_cpu_build_serves_with_the_gloo_transfer(capsys):
 
 
 @pytest.mark.parametrize("passed", [["--host", "0.0.0.0"], ["--host=0.0.0.0"], ["--port", "9000"], ["--port=9000"],
-                                    ["--max-num-seqs", "8", "--hos", "0.0.0.0"]])
+                                    ["--max-num-seqs", "8", "--hos", "0.0.0.0"], ["--uds", "/tmp/open.sock"]])
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_host_or_port_passed_through_to_vllm_is_refused(capsys, monkeypatch, passed, dry_run):
-    """vLLM keeps the last --host: one after `--` would undo the loopback bind the key gate sets."""
+    """vLLM keeps the last --host (and --uds wins over both): one after `--` would undo the gate's private socket."""
     monkeypatch.setenv("EXGRPO_ROLLOUT_API_KEY", "s3cret-rollout-key-16")
     from flows import rollout_gate
 
@@ -83,9 +83,9 @@ def test_host_or_port_passed_through_to_vllm_is_refused(capsys, monkeypatch, pas
                  "--", *passed])
     out = capsys.readouterr().out
     assert code == 2 and started == []  # nothing printed to run, nothing started
-    flag = next(a for a in passed if a.startswith(("--ho", "--po")))
+    flag = next(a for a in passed if a.startswith(("--ho", "--po", "--ud")))
     assert out.splitlines() == [f"error: {flag} after `--` would override where vLLM listens (and the key gate's "
-                                "loopback bind): use exgrpo rollout-server's own --host / --port"]
+                                "private socket): use exgrpo rollout-server's own --host / --port"]
 
 
 @pytest.mark.parametrize("key", ["1", "fifteen-chars-x"])

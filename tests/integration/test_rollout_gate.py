@@ -100,16 +100,24 @@ def test_rollout_server_beyond_loopback_needs_the_key_and_runs_behind_the_gate(c
     assert KEY not in out and "key gate at 10.0.0.5:8123" in out
     (cmd, host, port), = calls
     assert (host, port) == ("10.0.0.5", 8123) and cmd[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
-    inner = rollout_gate.behind_gate(cmd, 9001)  # vLLM itself listens on loopback only
-    assert inner[inner.index("--host") + 1] == "127.0.0.1" and inner[inner.index("--port") + 1] == "9001"
+    inner = rollout_gate.behind_gate(cmd, "/tmp/d/vllm.sock")  # vLLM itself listens on no port
+    assert "--host" not in inner and "--port" not in inner and inner[-2:] == ["--uds", "/tmp/d/vllm.sock"]
 
 
-def test_behind_gate_leaves_exactly_one_loopback_host_and_port():
+def test_behind_gate_leaves_exactly_one_private_socket():
     cmd = ["vllm", "serve", "m", "--host", "10.0.0.5", "--port", "8000", "--dtype", "bfloat16",
-           "--host=0.0.0.0", "--max-num-seqs", "8", "--por", "1234", "--port=80"]
-    inner = rollout_gate.behind_gate(cmd, 9001)
-    assert inner == ["vllm", "serve", "m", "--dtype", "bfloat16", "--max-num-seqs", "8",
-                     "--host", "127.0.0.1", "--port", "9001"]
+           "--host=0.0.0.0", "--max-num-seqs", "8", "--por", "1234", "--port=80", "--uds=/tmp/x", "--ud", "/y"]
+    inner = rollout_gate.behind_gate(cmd, "/tmp/d/vllm.sock")
+    assert inner == ["vllm", "serve", "m", "--dtype", "bfloat16", "--max-num-seqs", "8", "--uds", "/tmp/d/vllm.sock"]
+
+
+def test_the_private_socket_folder_is_this_users_alone():
+    path = rollout_gate.private_socket_path()
+    folder = Path(path).parent
+    try:
+        assert folder.stat().st_mode & 0o777 == 0o700 and not Path(path).exists() and len(path.encode()) < 108
+    finally:
+        folder.rmdir()
 
 
 def test_the_weight_transfer_rendezvous_listens_on_one_named_interface():
@@ -126,3 +134,32 @@ def test_the_weight_transfer_rendezvous_listens_on_one_named_interface():
     port = free_port("127.0.0.1")
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # free there
+
+
+def test_the_gate_forwards_to_vllms_unix_socket(tmp_path):
+    """`serve` puts vLLM on a Unix socket (--uds); the gate reaches it there, key required."""
+    import socketserver
+    from http.server import BaseHTTPRequestHandler
+
+    class Upstream(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *a):
+            pass
+
+    path = str(tmp_path / "vllm.sock")
+    upstream = socketserver.UnixStreamServer(path, Upstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    gate = rollout_gate.TokenGate("127.0.0.1", 0, path, KEY)
+    threading.Thread(target=gate.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{gate.server_address[1]}/weight_info"
+    try:
+        assert _call(url) == 401 and _call(url, key=KEY) == 200
+    finally:
+        for s in (gate, upstream):
+            s.shutdown()
+            s.server_close()

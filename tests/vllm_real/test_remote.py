@@ -4,13 +4,16 @@ behind its key gate, with weights pushed through vLLM's weight-transfer interfac
 a vLLM plugin). One server and one tiny training session for the module.
 
 Checked: two training steps, each push checked (weight version, the workers' norm sums through
-/collective_rpc, the probe), a third by /weight_checker's digests; the key gate refuses every route but /health without the key; a push whose
-version label is lost stops the run.
+/collective_rpc, the probe), a third by /weight_checker's digests; the key gate refuses every route but /health
+without the key; vLLM's HTTP server listens on no TCP port, only on a Unix socket that other local users cannot
+open; a push whose version label is lost stops the run.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -74,7 +77,7 @@ def server(tmp_path_factory):
             raise RuntimeError(f"the rollout server did not start: {(tmp / 'server.log').read_text()[-3000:]}")
         time.sleep(1)
     print(f"rollout server up in {time.monotonic() - t0:.0f} s")
-    yield SimpleNamespace(url=url, tmp=tmp)
+    yield SimpleNamespace(url=url, tmp=tmp, proc=proc)
     proc.terminate()
     try:
         proc.wait(timeout=60)
@@ -104,6 +107,34 @@ def test_the_key_gate_refuses_every_route_but_health_without_the_key(server):
         assert _request(server.url + path, method, key=KEY[:-1]) == 401, path
     for path in ("/get_world_size", "/weight_info", "/v1/models"):
         assert _request(server.url + path, "GET", key=KEY) == 200, path
+
+
+def test_vllm_listens_only_on_a_socket_other_local_users_cannot_open(server):
+    """Before, vLLM's RL routes listened on a 127.0.0.1 port where any local process bypassed the gate."""
+    import psutil
+
+    procs = psutil.Process(server.proc.pid).children(recursive=True)
+    api = next(p for p in procs if "--uds" in p.cmdline())
+    path = api.cmdline()[api.cmdline().index("--uds") + 1]
+    folder = os.stat(os.path.dirname(path))
+    assert folder.st_mode & 0o777 == 0o700 and folder.st_uid == os.geteuid()
+    assert not [c for c in api.net_connections("inet") if c.status == psutil.CONN_LISTEN]  # the HTTP server: no port
+    assert stat.S_ISSOCK(os.stat(path).st_mode)
+    with socket.socket(socket.AF_UNIX) as s:  # this user reaches it (the gate does)
+        s.connect(path)
+    if os.geteuid() == 0:  # another user cannot
+        pid = os.fork()
+        if pid == 0:
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                socket.socket(socket.AF_UNIX).connect(path)
+                os._exit(0)
+            except PermissionError:
+                os._exit(13)
+            except BaseException:
+                os._exit(1)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 13
 
 
 def test_training_steps_push_through_vllms_weight_transfer_and_are_checked(session):

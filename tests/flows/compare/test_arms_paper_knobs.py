@@ -13,6 +13,12 @@ from flows.compare.arms import ARMS, build_arm_runs
     ("no_is_correction", {"loss.replay_old_logprobs": "current"}, 47.1),  # Table 6: w = 1 on replayed tokens
     ("review_retired", {"buffer.review_retired_every": 25, "buffer.review_fraction": 0.1}, None),  # Table 7
     ("prompt_replay", {"buffer.replay_mode": "prompt"}, None),  # the replay lab: K fresh, no stored trajectory
+    ("max_age_8", {"buffer.max_age": 8}, None),  # the replay lab: no replay older than 8 steps
+    ("age_decay", {"selection.age_half_life": 8.0}, None),  # the replay lab: draw weight halves every 8 steps
+    ("dynamic_sampling", {"rollout.dynamic_sampling": True}, None),  # the replay lab: DAPO's filter and refill
+    ("on_policy_ds", {"buffer.replay_ratio": 0.0, "rollout.dynamic_sampling": True}, None),
+    ("seq_tis", {"loss.tis_cap": 2.0, "loss.is_level": "sequence"}, None),  # the replay lab: sequence TIS
+    ("seq_mask", {"loss.tis_cap": 2.0, "loss.is_level": "sequence", "loss.is_mode": "mask"}, None),
 ])
 def test_paper_knob_arm_differs_from_exgrpo_by_its_knob_only(arm, changed, ref):
     exgrpo, other = build_arm_runs("tiny", None, ["exgrpo", arm], [0], "cmp", evaluate=False)

@@ -18,7 +18,8 @@ from exgrpo_core.config.load import ConfigError
 from exgrpo_core.store.experience_store import ExperienceStore
 from exgrpo_core.types import GroupResult, Question, Rollout
 from flows.compare import report
-from flows.compare.arms import ARMS, DEFAULT_ARMS, build_arm_runs, check_equal_slots, parse_arms, parse_seeds, run_name
+from flows.compare.arms import (ARMS, DEFAULT_ARMS, LAB_ARMS, build_arm_runs, check_equal_slots, parse_arms,
+                                parse_seeds, run_name)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -27,7 +28,9 @@ def test_every_arm_gets_its_overrides_a_stable_unique_name_and_the_seed():
     runs = build_arm_runs("tiny", None, None, [0, 3], "cmp", evaluate=False)  # no arms named: the ablation table's
     assert [(r.arm, r.seed) for r in runs] == [(a, s) for a in DEFAULT_ARMS for s in (0, 3)]
     assert len(DEFAULT_ARMS) == 9 and set(ARMS) - set(DEFAULT_ARMS) == {"mu_0.25", "no_is_correction", "review_retired",
-                                                                        "prompt_replay"}
+                                                                        *LAB_ARMS}
+    assert set(LAB_ARMS) >= {"prompt_replay", "max_age_8", "age_decay", "dynamic_sampling", "on_policy_ds",
+                             "seq_tis", "seq_mask"}
     by = {(r.arm, r.seed): r.cfg for r in runs}
     assert by["on_policy", 0].buffer.replay_ratio == 0 and by["exgrpo", 0].buffer.replay_ratio == 0.5
     assert by["rho_0.25", 3].buffer.replay_ratio == 0.25 and by["rho_0.75", 0].buffer.replay_ratio == 0.75
