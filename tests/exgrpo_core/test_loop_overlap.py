@@ -102,3 +102,16 @@ def test_overlap_on_another_engine_is_refused_in_one_line(tmp_path):
         _cfg(tmp_path, "rollout.overlap=1", "rollout.engine=vllm")
     with pytest.raises(Exception, match="overlap needs the eager or static decoder"):
         _cfg(tmp_path, "rollout.overlap=1", "rollout.decoder=generate")
+
+
+def test_rescored_stale_rollouts_keep_the_samplers_log_probs_for_the_importance_weight(tmp_path):
+    s = _open(tmp_path, "rollout.overlap=1", "rollout.rescore=always", "loss.tis_cap=2.0", "run.resume=never")
+    try:
+        loop.run_iteration(s)
+        plan = loop.plan_batch(s)
+        rollouts, stats = loop.generate(s, plan)
+        gaps = [abs(a - b) for r in rollouts for a, b in zip(r.behaviour_logprobs, r.sampler_logprobs)]
+        assert max(gaps) > 1e-4  # the trainer moved one step past the sampler's weights
+        assert stats[M.IS_FRESH_SEQ_RATIO] != pytest.approx(1.0, abs=1e-6)
+    finally:
+        s.close()
