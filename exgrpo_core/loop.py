@@ -11,7 +11,6 @@ that step's experience is collected and replayed from the next step on.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -21,25 +20,12 @@ from exgrpo_core.algorithm import age, dynamic_sampling, importance, losses, sel
 from exgrpo_core.algorithm.advantages import compute_group_advantages
 from exgrpo_core.observe import monitors, staleness
 from exgrpo_core.reward import audit, source as sources
+from exgrpo_core.rollout import overlap
 from exgrpo_core.rollout.engine import TransformersEngine
 from exgrpo_core.run.session import Session
 from exgrpo_core.training.batch import collate
 from exgrpo_core.training.flops import model_train_flops
-from exgrpo_core.types import GroupResult, Rollout
-
-
-@dataclass
-class BatchPlan:
-    """The step's questions: `fresh` get K rollouts, `replay` get K-1 plus one stored trajectory.
-    `replay_slots`: the experiential questions asked for (round(rho*B) once replay is on, else 0).
-    Dynamic sampling adds its refills to `fresh` and lists the dropped fresh questions in `dropped`."""
-
-    step: int
-    fresh: list[str]
-    replay: list[str]
-    replay_slots: int = 0
-    dropped: list[str] = field(default_factory=list)
-    rounds: int = 0
+from exgrpo_core.types import BatchPlan, GroupResult, Rollout
 
 
 def replay_weights(cfg) -> dict[int, float]:
@@ -64,6 +50,8 @@ def target_gap(drawn: list[int | None], weights: dict[int, float]) -> float:
 def plan_batch(s: Session) -> BatchPlan:
     """Draw rho*B experiential questions by bucket weight, and the rest fresh (docs/implementation_details.md)."""
     cfg = s.cfg
+    if overlap.planned(s) is not None:  # planned and sampled ahead (rollout.overlap)
+        return overlap.planned(s)
     replay: list[str] = []
     if s.replay_active and cfg.replay_questions > 0:
         weights = replay_weights(cfg)
@@ -91,13 +79,16 @@ def generate(s: Session, plan: BatchPlan) -> tuple[list[Rollout], dict]:
     the sampler's numbers are not already the trainer's (`needs_rescore`; the log-prob gap is then 0)."""
     t0 = time.perf_counter()
     steps0 = getattr(s.engine, "row_steps", None)
-    rollouts, gap = sample(s, plan.fresh, plan.replay, plan.step)
+    gens, version, dropped = overlap.take(s, plan)  # (rollout.overlap) sampled ahead, by policy `version`
+    rollouts, gap = sample(s, plan.fresh, plan.replay, version, gens)
     if s.cfg.rollout.dynamic_sampling:
         gap += refill(s, plan, rollouts)
     tokens = sum(len(r.response_ids) for r in rollouts)
     dt = time.perf_counter() - t0
     work = {} if steps0 is None else {M.ROLLOUT_ROW_STEPS: float(s.engine.row_steps - steps0),
                                       M.ROLLOUT_USEFUL_ROW_STEPS: float(tokens)}
+    if s.cfg.rollout.overlap:
+        work.update({M.FRESH_STALENESS: float(plan.step - version), M.FRESH_DROPPED: float(dropped)})
     return rollouts, {**work,
         M.RESPONSES: float(len(rollouts)), M.TIME_ROLLOUT: dt, M.ROLLOUT_TOKENS_PER_S: tokens / max(dt, 1e-9),
         M.RESPONSE_LENGTH: tokens / max(len(rollouts), 1),
@@ -120,16 +111,19 @@ def mismatch_stats(rollouts: list[Rollout], loss) -> dict:
     return {M.IS_FRESH_SEQ_RATIO: _mean(ratios) if ratios else 1.0, M.IS_MASKED_FRACTION: masked / max(tokens, 1)}
 
 
-def sample(s: Session, fresh: list[str], replay: list[str], step: int) -> tuple[list[Rollout], list[float]]:
+def sample(s: Session, fresh: list[str], replay: list[str], step: int,
+           gens=None) -> tuple[list[Rollout], list[float]]:
     """K responses per fresh question, K-1 per experiential one (K with prompt replay), in one batch, scored
-    by the trainer where needed; also each token's sampler-trainer log-prob gap."""
+    by the trainer where needed; also each token's sampler-trainer log-prob gap. `step`: the policy version
+    sampling them; `gens`: the groups already sampled (rollout.overlap)."""
     K, cfg = s.cfg.rollout.group_size, s.cfg.rollout
     uids = fresh + replay
     counts = [K] * len(fresh) + [K - (s.cfg.buffer.replay_mode == "trajectory")] * len(replay)
     rollouts: list[Rollout] = []
     entropies: list[list[float]] = []
-    gens = s.team.generate([s.prompt_ids(u) for u in uids], counts, temperature=cfg.temperature,
-                           max_new_tokens=cfg.max_response_tokens)  # one batch: K and K-1 samples together
+    if gens is None:
+        gens = s.team.generate([s.prompt_ids(u) for u in uids], counts, temperature=cfg.temperature,
+                               max_new_tokens=cfg.max_response_tokens)  # one batch: K and K-1 samples together
     for uid, group in zip(uids, gens):
         rollouts += [Rollout(uid, s.prompt_ids(uid), g.response_ids, g.logprobs, g.text, g.truncated, step)
                      for g in group]
@@ -327,6 +321,7 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
     """Mixed groups -> group-relative advantages -> mixed-policy loss -> optimiser steps (docs/implementation_details.md)."""
     t0 = time.perf_counter()
     cfg = s.cfg
+    overlap.start_next(s, plan_batch)  # step t+1's rollouts sample while this step trains (rollout.overlap)
     stats: dict[str, float] = {}
     rows, advs, qidx, adv_stats = shuffled_rows(groups, replayed, cfg.loss.std_normalize, s.rng)
     for key in (M.SOLVE_ALL, M.SOLVE_NONE):

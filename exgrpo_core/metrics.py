@@ -17,6 +17,10 @@ RESPONSE_LENGTH = "rollout/response_length"
 TRUNCATION_RATE = "rollout/truncation_rate"
 FRESH_ENTROPY = "rollout/fresh_entropy"
 SAMPLER_TRAINER_GAP = "rollout/logprob_gap"
+# (rollout.overlap) steps from the policy that sampled the fresh batch to the one it trains; 1 when a batch
+# sampled ahead was older than rollout.max_staleness (dropped and sampled again)
+FRESH_STALENESS = "rollout/fresh_staleness"
+FRESH_DROPPED = "rollout/stale_dropped"
 RESPONSES = "rollout/responses"
 VERIFY_TIMEOUTS = "verify/timeouts"
 VERIFY_NO_ANSWER = "verify/no_answer"

@@ -200,3 +200,17 @@ class TrainBatch:
     is_replay: torch.Tensor
     meta: dict = field(default_factory=dict)
     tis_weights: torch.Tensor | None = None
+
+
+@dataclass
+class BatchPlan:
+    """The step's questions: `fresh` get K rollouts, `replay` get K-1 plus one stored trajectory.
+    `replay_slots`: the experiential questions asked for (round(rho*B) once replay is on, else 0).
+    Dynamic sampling adds its refills to `fresh` and lists the dropped fresh questions in `dropped`."""
+
+    step: int
+    fresh: list[str]
+    replay: list[str]
+    replay_slots: int = 0
+    dropped: list[str] = field(default_factory=list)
+    rounds: int = 0

@@ -24,6 +24,7 @@ logits before the temperature.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -150,7 +151,11 @@ def filter_logits(x: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 def draw_uniforms(*shape: int, device=None) -> torch.Tensor:
     """The sampler's uniforms in [0, 1), float64: 53 random bits, so a token of mass 1e-8 is drawn at its
     rate (float32 uniforms step by 2^-24 ~ 6e-8)."""
-    return torch.rand(*shape, dtype=torch.float64, device=device)
+    gen = getattr(_THREAD, "generator", None)  # a background sampler's own stream (rollout/overlap.py)
+    return torch.rand(*shape, dtype=torch.float64, device=device, generator=gen)
+
+
+_THREAD = threading.local()
 
 
 @torch.compiler.disable  # (Inductor fails to generate this float64 scan over a 152k vocabulary: torch 2.11, H200)

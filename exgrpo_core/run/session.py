@@ -28,6 +28,7 @@ from exgrpo_core.data import questions as data
 from exgrpo_core.models import load as models
 from exgrpo_core.reward import source as sources
 from exgrpo_core.reward.grading import MathVerifier
+from exgrpo_core.rollout import overlap
 from exgrpo_core.rollout.engine import TransformersEngine
 from exgrpo_core.run import allocator, checkpoint, layout_choice, locks, reuse, sharded_start
 from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
@@ -66,6 +67,7 @@ class Session:
     mlflow_run_id: str | None = None
     team: Team | None = None
     reward: object | None = None  # the reward.fn pool or reward.url client; None: math-verify grades
+    ahead: object | None = None  # rollout/overlap.py: the sampler copy and step t+1's batch sampled ahead
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
@@ -78,7 +80,7 @@ class Session:
 
     def loop_state(self) -> dict:
         return {"run_id": self.run_id, "replay_active": self.replay_active, "sampler": self.sampler.state_dict(),
-                "rng": self.rng.getstate(), "mlflow_run_id": self.mlflow_run_id}
+                "rng": self.rng.getstate(), "mlflow_run_id": self.mlflow_run_id, "ahead": overlap.state(self.ahead)}
 
     def save(self, before_commit=None) -> Path:
         """Checkpoint the completed step `self.step - 1` (FSDP2: weights gathered or per process as
@@ -145,9 +147,7 @@ def _open(cfg: ExGRPOConfig, verify: Verify | None, run_dir: Path, ckpt: Path | 
     run_id, unfinished = (state["loop"]["run_id"], None) if state else _unfinished_run(cfg, store)
     store.start_run(run_id, cfg.run.name, cfg.preset, masked_config(cfg), cfg.rollout.group_size)  # no credentials
     store.register_questions(run_id, questions)
-
-    session = Session(
-        cfg=cfg, run_id=run_id, run_dir=run_dir, model=worker.model, tokenizer=tokenizer,
+    session = Session(cfg=cfg, run_id=run_id, run_dir=run_dir, model=worker.model, tokenizer=tokenizer,
         optimizer=worker.optimizer, accelerator=accelerator, engine=worker.engine, verify=verify, store=store,
         questions={q.uid: q for q in questions}, sampler=FreshSampler([q.uid for q in questions], cfg.run.seed),
         rng=random.Random(cfg.run.seed), ref_model=worker.ref_model, team=Team(worker), reward=reward)
@@ -489,7 +489,7 @@ def _restore(session: Session, state: dict, ckpt: Path) -> None:
     session.replay_active = loop["replay_active"]
     session.sampler.load_state_dict(loop["sampler"])
     session.rng.setstate(_as_tuple(loop["rng"]))
-    session.mlflow_run_id = loop.get("mlflow_run_id")
+    session.mlflow_run_id, session.ahead = loop.get("mlflow_run_id"), overlap.from_state(loop.get("ahead"))
     session.store.rollback_to(session.run_id, step)
     session.step = step + 1
     session.resumed_from = step

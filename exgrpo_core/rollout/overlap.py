@@ -1,0 +1,153 @@
+"""`rollout.overlap = 1`: step t+1's fresh rollouts are sampled while step t trains (first increment).
+
+After step t's buffer update and trajectory selection, `start_next` plans step t+1's batch and samples it in a
+background thread, on a copy of the policy holding the weights step t started with (torch ops release the
+GIL), with its own random stream seeded from the run's rng; step t trains meanwhile and step t+1 takes the
+rollouts (`take`). The copy's weights are the policy version the rollouts record (`Rollout.step`, the
+database's step column: the step whose starting weights sampled them). A batch older than
+`rollout.max_staleness` steps is dropped, counted and sampled again. Checkpoints wait for the batch in flight
+and store it (`state`), so a resumed run trains on the rollouts the uninterrupted run did.
+Transformers engine only; one process (the sampler copy is not sharded).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from exgrpo_core.rollout import decode
+from exgrpo_core.rollout.static_decode import InferenceCopy, StaticDecoder
+from exgrpo_core.training.distributed import topology
+from exgrpo_core.types import BatchPlan, Generation
+
+
+@dataclass
+class Prefetch:
+    """A batch sampled ahead: its plan, the policy version that samples it, and (once done) its groups."""
+
+    plan: object
+    version: int
+    gens: list[list[Generation]] | None = None
+    error: BaseException | None = None
+    thread: threading.Thread | None = field(default=None, repr=False)
+
+    def wait(self) -> list[list[Generation]]:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            raise self.error
+        return self.gens
+
+
+@dataclass
+class Ahead:
+    """The session's overlap state: the sampler copy (made at the first overlapped step) and the batch in flight."""
+
+    sampler: Sampler | None = None
+    job: Prefetch | None = None
+
+
+class Sampler:
+    """The background sampler: a copy of the trainer's engine on its own copy of the model."""
+
+    def __init__(self, engine):
+        self.engine = copy.copy(engine)
+        self.engine.model = copy.deepcopy(engine.model)
+        self.engine.inference, self.engine.static = InferenceCopy(), StaticDecoder()
+
+    def start(self, trainer_model, plan, version: int, prompts, counts, seed: int, **kw) -> Prefetch:
+        """Load the trainer's current weights, then sample `prompts` in a thread."""
+        with torch.no_grad():
+            self.engine.model.load_state_dict(trainer_model.state_dict())
+        job = Prefetch(plan, version)
+        device = next(self.engine.model.parameters()).device
+
+        def work() -> None:
+            decode._THREAD.generator = torch.Generator(device=device).manual_seed(seed)
+            try:
+                job.gens = self.engine.generate(prompts, counts, **kw)
+            except BaseException as e:  # handed to the trainer's thread by `wait`
+                job.error = e
+            finally:
+                decode._THREAD.generator = None
+
+        job.thread = threading.Thread(target=work, name="exgrpo-overlap-sampler", daemon=True)
+        job.thread.start()
+        return job
+
+
+def state(ahead: Ahead | None) -> dict | None:
+    """The batch in flight as plain data for the checkpoint (waits for it)."""
+    job = ahead.job if ahead is not None else None
+    if job is None:
+        return None
+    gens = job.wait()
+    return {"plan": asdict(job.plan), "version": job.version, "gens": [[asdict(g) for g in gs] for gs in gens]}
+
+
+def from_state(data: dict | None) -> Ahead | None:
+    """The checkpointed batch in flight, finished."""
+    if not data:
+        return None
+    gens = [[Generation(**g) for g in gs] for gs in data["gens"]]
+    return Ahead(job=Prefetch(BatchPlan(**data["plan"]), data["version"], gens))
+
+
+def planned(s):
+    """The plan of step s.step when it was planned and sampled ahead, else None."""
+    job = s.ahead.job if s.ahead is not None else None
+    return job.plan if job is not None and job.plan.step == s.step else None
+
+
+def wait(s) -> None:
+    """Let the batch in flight finish (its result is kept)."""
+    if s.ahead is not None and s.ahead.job is not None and s.ahead.job.thread is not None:
+        s.ahead.job.thread.join()
+
+
+def bound(cfg) -> int:
+    """The oldest a fresh batch may be, in steps (`rollout.max_staleness`, default `rollout.overlap`)."""
+    return cfg.overlap if cfg.max_staleness is None else cfg.max_staleness
+
+
+def take(s, plan) -> tuple[list[list[Generation]] | None, int, int]:
+    """The groups sampled ahead for `plan` (None: sample now), the policy version that sampled them, and
+    1 when a batch older than the bound was dropped (its plan is sampled again, now)."""
+    job = s.ahead.job if s.ahead is not None else None
+    if job is None or job.plan.step != plan.step:
+        return None, plan.step, 0
+    s.ahead.job = None
+    gens = job.wait()
+    if plan.step - job.version > bound(s.cfg.rollout):
+        return None, plan.step, 1
+    return gens, job.version, 0
+
+
+def start_next(s, plan_batch) -> None:
+    """Plan step s.step + 1 and start sampling it from the current weights (the ones step s.step started
+    with), unless overlap is off or this is the run's last step."""
+    cfg = s.cfg
+    if not cfg.rollout.overlap or s.step + 1 >= cfg.run.steps or planned(s) is not None:
+        return
+    if s.ahead is None or s.ahead.sampler is None:
+        if topology().world > 1:
+            raise ValueError("rollout.overlap runs in one process for now (the sampler copy is not sharded): "
+                             "set rollout.overlap=0 under torchrun / accelerate launch")
+        s.ahead = s.ahead or Ahead()
+        s.ahead.sampler = Sampler(s.engine)
+        s._closers.append(lambda: wait(s))  # no sampling thread outlives the session
+    s.step += 1
+    try:
+        plan = plan_batch(s)
+    finally:
+        s.step -= 1
+    K = cfg.rollout.group_size
+    uids = plan.fresh + plan.replay
+    counts = [K] * len(plan.fresh) + [K - (cfg.buffer.replay_mode == "trajectory")] * len(plan.replay)
+    s.ahead.job = s.ahead.sampler.start(
+        s.engine.model, plan, s.step, [s.prompt_ids(u) for u in uids], counts, s.rng.getrandbits(63),
+        temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_response_tokens)
