@@ -7,7 +7,7 @@ rollouts (`take`). The copy's weights are the policy version the rollouts record
 database's step column: the step whose starting weights sampled them). A batch older than
 `rollout.max_staleness` steps is dropped, counted and sampled again. Checkpoints wait for the batch in flight
 and store it (`state`), so a resumed run trains on the rollouts the uninterrupted run did.
-Transformers engine only; one process (the sampler copy is not sharded).
+Transformers engine only; one process (the sampler copy is not sharded; run/start_checks.py refuses more).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import torch
 
 from exgrpo_core.rollout import decode
 from exgrpo_core.rollout.static_decode import InferenceCopy, StaticDecoder
-from exgrpo_core.training.distributed import topology
 from exgrpo_core.types import BatchPlan, Generation
 
 
@@ -134,9 +133,6 @@ def start_next(s, plan_batch) -> None:
     if not cfg.rollout.overlap or s.step + 1 >= cfg.run.steps or planned(s) is not None:
         return
     if s.ahead is None or s.ahead.sampler is None:
-        if topology().world > 1:
-            raise ValueError("rollout.overlap runs in one process for now (the sampler copy is not sharded): "
-                             "set rollout.overlap=0 under torchrun / accelerate launch")
         s.ahead = s.ahead or Ahead()
         s.ahead.sampler = Sampler(s.engine)
         s._closers.append(lambda: wait(s))  # no sampling thread outlives the session

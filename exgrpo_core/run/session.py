@@ -31,6 +31,7 @@ from exgrpo_core.reward.grading import MathVerifier
 from exgrpo_core.rollout import overlap
 from exgrpo_core.rollout.engine import TransformersEngine
 from exgrpo_core.run import allocator, checkpoint, layout_choice, locks, reuse, sharded_start
+from exgrpo_core.run.start_checks import check_context, check_settings  # noqa: F401 (callers import them here)
 from exgrpo_core.store.experience_store import ExperienceStore, resolve_db_url
 from exgrpo_core.training import distributed as D, fsdp
 from exgrpo_core.training.team import Team, Worker, serve
@@ -264,6 +265,7 @@ def _unfinished_run(cfg: ExGRPOConfig, store: ExperienceStore) -> tuple[str, dic
 
 def run_follower(cfg: ExGRPOConfig) -> None:
     """A process of rank > 0: build the same worker as rank 0 and compute its shares until told to stop."""
+    check_settings(cfg)  # rank 0's pre-flight refusals, here too, before joining the process group
     allocator.use(cfg.run.malloc)
     accelerator = make_accelerator(cfg)
     ckpt = D.broadcast(None)
@@ -299,49 +301,6 @@ def make_accelerator(cfg: ExGRPOConfig):
 
 
 SUPPORTED_DISTRIBUTED = ("NO", "MULTI_CPU", "MULTI_GPU")
-
-
-def check_settings(cfg: ExGRPOConfig) -> None:
-    """One ConfigError line, before anything is built, for: a run name that is not one folder name, a
-    non-finite number (`train.lr=inf`), a zero-size tiny model, a model path that does not exist."""
-    import math
-
-    from exgrpo_core.config.load import flatten
-
-    locks.check_run_name(cfg.run.name)
-    for key, value in flatten(cfg).items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{key} must be a finite number (got {value})")
-    if cfg.model.name_or_path in (models.TINY, models.TINY_SFT):
-        for key, value in cfg.model.tiny.model_dump().items():
-            if value < 1:
-                raise ConfigError(f"model.tiny.{key} must be >= 1 (got {value})")
-    path = cfg.model.name_or_path
-    if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
-        raise ConfigError(f"model.name_or_path {path} does not exist (a local model folder; a Hugging Face "
-                          "name looks like org/name)")
-
-
-def check_context(cfg: ExGRPOConfig) -> None:
-    """Prompt + response tokens (sampling and evaluation) must fit the policy's positions, after
-    `model.hf_overrides`: vLLM refuses a longer `max_model_len`, and the trainer would run RoPE past the
-    lengths the model knows. One line, read from the model's config alone (before any weights load).
-    The run's name, numbers and model path are checked first (`check_settings`)."""
-    check_settings(cfg)
-    try:
-        config = models.policy_config(cfg.model.name_or_path, tiny=cfg.model.tiny.model_dump(),
-                                      hf_overrides=cfg.model.hf_overrides)
-    except models.ModelLoadError as e:
-        raise ConfigError(str(e)) from None
-    limit = getattr(config, "max_position_embeddings", None)
-    response = max(cfg.rollout.max_response_tokens, cfg.eval.max_response_tokens or 0)
-    need = cfg.rollout.max_prompt_tokens + response
-    if limit is not None and need > limit:
-        raise ConfigError(
-            f"rollout.max_prompt_tokens + the longest response ({cfg.rollout.max_prompt_tokens} + {response} = "
-            f"{need} tokens) exceed {cfg.model.name_or_path}'s max_position_embeddings ({limit}): use a "
-            "longer-context model (the paper's: Elliott/Qwen2.5-Math-7B-16k-think), shorter limits, or "
-            "model.hf_overrides")
 
 
 def open_worker(cfg: ExGRPOConfig, accelerator, ckpt: Path | None, run_dir: Path) -> tuple[Worker, object]:

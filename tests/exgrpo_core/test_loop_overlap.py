@@ -104,6 +104,19 @@ def test_overlap_on_another_engine_is_refused_in_one_line(tmp_path):
         _cfg(tmp_path, "rollout.overlap=1", "rollout.decoder=generate")
 
 
+def test_overlap_under_several_processes_is_refused_before_anything_is_built(tmp_path, monkeypatch):
+    from exgrpo_core.config.load import ConfigError
+    from exgrpo_core.run.session import check_settings
+
+    cfg = _cfg(tmp_path, "rollout.overlap=1")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    check_settings(cfg)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ConfigError, match="overlap=1 runs in one process .*starts 4: set rollout.overlap=0"):
+        check_settings(cfg)
+    check_settings(_cfg(tmp_path, "rollout.overlap=0"))  # the synchronous loop runs under torchrun
+
+
 def test_rescored_stale_rollouts_keep_the_samplers_log_probs_for_the_importance_weight(tmp_path):
     s = _open(tmp_path, "rollout.overlap=1", "rollout.rescore=always", "loss.tis_cap=2.0", "run.resume=never")
     try:

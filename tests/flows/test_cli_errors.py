@@ -138,3 +138,11 @@ def test_a_context_longer_than_the_model_allows_is_named_before_prefect(tiny_ove
     lines = [x for x in out.splitlines() if x.strip()]
     assert code == 2 and "1024 + 1100 = 2124" in out and "max_position_embeddings (2048)" in out
     assert not any("Prefect" in x for x in lines) and len(lines) == 1  # one line, before Prefect starts
+
+
+def test_overlap_under_several_processes_is_one_line_before_prefect(tmp_path, tiny_overrides):
+    code, out = _train_without_prefect(tmp_path, tiny_overrides, "rollout.overlap=1", env={"WORLD_SIZE": "2"})
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert code == 2 and "Traceback" not in out, out[-2000:]
+    assert "rollout.overlap=1 runs in one process" in out.replace("\n", " ") and "starts 2" in out
+    assert not any("Prefect" in x for x in lines) and not (tmp_path / "runs" / "early").exists()
