@@ -426,7 +426,7 @@ def check_monitors(s: Session, step: int, stats: dict, store: bool = True) -> li
     number; `store`: record each as the step metric `monitor/<name>` = its watched value. Reporting them and
     stopping is the caller's."""
     fired = monitors.check(stats, s.cfg.monitors, step=M.step_number(step), train_questions=len(s.questions),
-                           replay_slots=s.cfg.replay_questions)
+                           replay_slots=s.cfg.replay_questions, max_staleness=overlap.bound(s.cfg.rollout))
     if fired and store:
         s.store.log_metrics(s.run_id, step, {f.key: f.value for f in fired})
     return fired

@@ -126,7 +126,7 @@ DIST_PARAM_GAP = DIST_PREFIX + "param_gap"
 # replay-health monitors (exgrpo_core/observe/monitors.py): `monitor/<name>` is stored at the steps where it fired
 MONITOR_PREFIX = "monitor/"
 MONITORS = ("fresh_entropy", "replayed_entropy", "zero_variance", "iw_max", "iw_var", "logprob_gap",
-            "timeout_rate", "retired_fraction", "unfilled_slots")
+            "timeout_rate", "retired_fraction", "unfilled_slots", "fresh_staleness", "stale_dropped")
 
 
 def monitor_key(name: str) -> str:

@@ -54,6 +54,11 @@ class MonitorsConfig(_Section):
     """Retired questions / training questions: running away leaves little to learn from."""
     unfilled_slots: Bounds = Bounds(max=0.5)
     """Fraction of the step's replay slots (round(rho*B) once replay is on) left without a trajectory."""
+    fresh_staleness: Bounds = Bounds(action="checkpoint_and_stop")
+    """(rollout.overlap) Steps from the policy that sampled the step's fresh batch to the one training on it;
+    max None: `rollout.max_staleness`. The loop drops older batches, so a firing means a bug."""
+    stale_dropped: Bounds = Bounds(max=0.0)
+    """(rollout.overlap) Fresh batches the step dropped as older than `rollout.max_staleness` (and sampled again)."""
 
     @model_validator(mode="before")
     @classmethod

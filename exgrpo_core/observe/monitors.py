@@ -19,7 +19,8 @@ LABELS = {
     "zero_variance": "zero-variance group fraction", "iw_max": "max importance weight w",
     "iw_var": "importance weight variance", "logprob_gap": "rollout-vs-trainer log-prob gap",
     "timeout_rate": "verifier timeout rate", "retired_fraction": "retired question fraction",
-    "unfilled_slots": "unfilled replay slot fraction",
+    "unfilled_slots": "unfilled replay slot fraction", "fresh_staleness": "fresh batch staleness (steps)",
+    "stale_dropped": "fresh batches dropped as too stale",
 }
 """What each monitor watches, as the CLI line and the banner say it."""
 
@@ -76,6 +77,8 @@ def signals(stats: dict[str, float], *, train_questions: int, replay_slots: int)
         "timeout_rate": (get(M.VERIFY_TIMEOUTS) or 0) / responses if responses else None,
         "retired_fraction": retired / train_questions if retired is not None and train_questions else None,
         "unfilled_slots": unfilled / replay_slots if unfilled is not None and replay_slots else None,
+        "fresh_staleness": get(M.FRESH_STALENESS),  # logged only with rollout.overlap
+        "stale_dropped": get(M.FRESH_DROPPED),
     }
 
 
@@ -89,14 +92,18 @@ def breach(value: float, bounds: Bounds) -> tuple[float, str] | None:
 
 
 def check(stats: dict[str, float], cfg: MonitorsConfig, *, step: int, train_questions: int,
-          replay_slots: int) -> list[Firing]:
-    """Every monitor of `cfg` whose watched value this step lies outside its bounds, in `M.MONITORS` order."""
+          replay_slots: int, max_staleness: int | None = None) -> list[Firing]:
+    """Every monitor of `cfg` whose watched value this step lies outside its bounds, in `M.MONITORS` order.
+    `max_staleness`: the rollout's bound (rollout/overlap.py `bound`), the `fresh_staleness` monitor's max
+    unless the config sets one."""
     if not cfg.enabled:
         return []
     values = signals(stats, train_questions=train_questions, replay_slots=replay_slots)
     out = []
     for name in M.MONITORS:
         bounds: Bounds = getattr(cfg, name)
+        if name == "fresh_staleness" and bounds.max is None and max_staleness is not None:
+            bounds = bounds.model_copy(update={"max": float(max_staleness)})
         value = values[name]
         hit = None if value is None else breach(value, bounds)
         if hit is not None:

@@ -58,6 +58,10 @@ def test_a_batch_older_than_the_bound_is_dropped_and_sampled_again(tmp_path):
         loop.run_iteration(s)
         out = loop.run_iteration(s)
         assert out[M.FRESH_DROPPED] == 1.0 and out[M.FRESH_STALENESS] == 0.0
+        stale = {f.name: f.limit for f in loop.check_monitors(s, 1, out, store=False) if "stale" in f.name}
+        assert stale == {"stale_dropped": 0.0}  # a warning; the batch trained on is on-policy
+        fired = loop.check_monitors(s, 1, {**out, M.FRESH_STALENESS: 1.0}, store=False)
+        assert [(f.name, f.limit) for f in fired if f.name == "fresh_staleness"] == [("fresh_staleness", 0.0)]
     finally:
         s.close()
 

@@ -97,3 +97,21 @@ def test_bad_monitor_settings_are_named():
         load_config("tiny", ["monitors.fresh_entropy.min=5"])
     with pytest.raises(ConfigError, match="monitors.no_such"):
         load_config("tiny", ["monitors.no_such.max=1"])
+
+
+def test_fresh_staleness_over_the_rollout_bound_stops_and_a_dropped_batch_warns():
+    def at(staleness: float, dropped: float, **kw):
+        stats = {**healthy(), M.FRESH_STALENESS: staleness, M.FRESH_DROPPED: dropped}
+        return monitors.check(stats, kw.pop("cfg", MonitorsConfig()), step=7, train_questions=QUESTIONS,
+                              replay_slots=SLOTS, **kw)
+
+    assert at(1.0, 0.0, max_staleness=1) == [] and at(0.0, 0.0, max_staleness=0) == []
+    (f,) = at(2.0, 0.0, max_staleness=1)  # the loop drops such a batch: a firing is a bug
+    assert (f.name, f.value, f.limit, f.side, f.stops) == ("fresh_staleness", 2.0, 1.0, "above", True)
+    assert f.message() == "monitor fresh_staleness at step 7: fresh batch staleness (steps) 2 > 1 (checkpoint_and_stop)"
+    (f,) = at(0.0, 1.0, max_staleness=0)  # dropped and sampled again: trained on-policy, said once
+    assert (f.name, f.value, f.limit, f.stops) == ("stale_dropped", 1.0, 0.0, False)
+    assert at(2.0, 0.0) == []  # no bound given and none in the config: not judged
+    cfg = load_config("tiny", ["monitors.fresh_staleness.max=3", "monitors.fresh_staleness.action=warn"]).monitors
+    assert at(2.0, 0.0, cfg=cfg, max_staleness=1) == []  # the config's own max wins
+    assert fired(healthy()) == []  # overlap off: neither is logged, neither judged
