@@ -147,15 +147,19 @@ def bucket_key(k: int) -> str:
     return f"buffer/bucket_{k}"
 
 
+OVERLAP_METRICS: tuple[str, ...] = (FRESH_STALENESS, FRESH_DROPPED)
+"""Logged every step of a run with rollout.overlap > 0 only."""
+
 STEP_METRICS: tuple[str, ...] = tuple(
     v for name, v in sorted(globals().items()) if name.isupper() and isinstance(v, str) and "/" in v
-    and not v.startswith((EVAL_PREFIX, ENGINE_PREFIX, DIST_PREFIX, MONITOR_PREFIX)))
-"""Logged every training step (evaluation keys appear only at evaluation steps)."""
+    and not v.startswith((EVAL_PREFIX, ENGINE_PREFIX, DIST_PREFIX, MONITOR_PREFIX)) and v not in OVERLAP_METRICS)
+"""Logged every training step (evaluation keys appear only at evaluation steps; OVERLAP_METRICS with overlap)."""
 
 
 def declared(key: str, group_size: int) -> bool:
     """True if `key` is part of the contract (fixed names, bucket counts 0..K, eval and monitor keys)."""
-    if key in STEP_METRICS or key in (EVAL_SECONDS, EVAL_QUESTIONS_PER_S) or _EVAL_KEY.fullmatch(key):
+    if key in STEP_METRICS or key in OVERLAP_METRICS or key in (EVAL_SECONDS, EVAL_QUESTIONS_PER_S) \
+            or _EVAL_KEY.fullmatch(key):
         return True
     if key in (ENGINE_SYNC_GAP, ENGINE_SYNC_S, DIST_PARAM_GAP) or key in {monitor_key(n) for n in MONITORS}:
         return True
