@@ -1,4 +1,4 @@
-"""The replay lab's grid (docs/benchmarks/preregistration_replay_lab.md, a draft until registered): on_policy and
+"""The replay lab's pre-registered grid (docs/benchmarks/preregistration_replay_lab.md): on_policy and
 exgrpo on arith3 at r*/1.5, r*, 1.5 r* (r* from the pilot) x seeds 0-19, each arm judged at its own best
 rate; then the lab's other arms at the same rates on seeds 0-7, exploratory.
 
@@ -38,8 +38,7 @@ from benchmarks.learning.arith_compare import parse_seed_range, start_model  # n
 from benchmarks.learning.lr_grid import code_state, heldout_differences  # noqa: E402
 
 PRESET = "arith3"
-R_STAR = 3.2e-4  # on-policy's best pilot rate at B = 16 (docs/benchmarks/replay_lab.md); the plan is a draft
-# until a variant passes the gate at its own r*: do not start the grid before it is registered
+R_STAR = 3.2e-4  # on-policy's best pilot rate at B = 32, where the gate passed (docs/benchmarks/replay_lab.md)
 
 
 def rate_text(x: float) -> str:
@@ -49,7 +48,7 @@ def rate_text(x: float) -> str:
 
 
 RATES = [rate_text(R_STAR / 1.5), rate_text(R_STAR), rate_text(R_STAR * 1.5)]
-REGISTERED = False  # True in the commit that registers the plan; the driver trains nothing before
+REGISTERED = True  # set in the commit that registered the plan; before it the driver trained nothing
 PRIMARY = {"prefix": "lab3", "arms": ["on_policy", "exgrpo"], "seeds": "0-19"}
 # seq_tis / seq_mask are left out: on this engine the sampler is the trainer (fp32 transformers), so they
 # equal exgrpo exactly; they act under vLLM
