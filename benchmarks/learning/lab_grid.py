@@ -94,13 +94,14 @@ def sealed(path: Path):
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    with open(path, "a", buffering=1) as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-        os.dup2(f.fileno(), 1)  # the streams Prefect's handlers hold, and child processes
-        os.dup2(f.fileno(), 2)
+    with open(path, "ab") as f:  # at the descriptors: sys.stdout / sys.stderr, the streams Prefect's handlers
+        os.dup2(f.fileno(), 1)    # hold and child processes all write there (swapping sys.stdout instead made
+        os.dup2(f.fileno(), 2)    # Prefect's print-to-log handler recurse)
         try:
             yield
         finally:
-            f.flush()
+            sys.stdout.flush()  # what Python buffered inside goes to the file too
+            sys.stderr.flush()
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
             os.close(saved[0])
