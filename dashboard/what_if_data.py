@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from dashboard import db
+from exgrpo_core.algorithm import selection
 from exgrpo_core.config.load import apply_overrides, build_config
 from exgrpo_core.config.schema import ConfigError, ExGRPOConfig
 from exgrpo_core.store import what_if as W
@@ -142,15 +143,7 @@ def summary_rows(report: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["measure", WHAT_IF, RUN]).astype({WHAT_IF: float, RUN: float})
 
 
-def gap(buckets: list, target: dict[int, float]) -> float:
-    """Total variation between a step's replays by source bucket and the normalised target (as the loop's
-    `select/target_gap`): 0 when they match or nothing was replayed."""
-    ks = [k for k in buckets if k is not None]
-    total = sum(target.values())
-    if not ks or total <= 0:
-        return 0.0
-    share = {k: ks.count(k) / len(ks) for k in set(ks)}
-    return 0.5 * sum(abs(share.get(k, 0.0) - target.get(k, 0.0) / total) for k in set(share) | set(target))
+gap = selection.target_gap  # the loop's select/target_gap, on one step's replays' source buckets
 
 
 def total_gap(side: dict, target: dict[int, float]) -> float:

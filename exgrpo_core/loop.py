@@ -35,16 +35,7 @@ def replay_weights(cfg) -> dict[int, float]:
                                     sel.mu, top=cfg.reward.continuous)
 
 
-def target_gap(drawn: list[int | None], weights: dict[int, float]) -> float:
-    """Total variation between the step's replays by source bucket and the normalised target weights:
-    0 when they match (or nothing was replayed), 1 when every replay came from a bucket the target never
-    draws. Per-question weightings (question_uniform) have no bucket target: 0."""
-    ks = [k for k in drawn if k is not None]
-    total = sum(weights.values())
-    if not ks or total <= 0:
-        return 0.0
-    share = {k: ks.count(k) / len(ks) for k in set(ks)}
-    return 0.5 * sum(abs(share.get(k, 0.0) - weights.get(k, 0.0) / total) for k in set(share) | set(weights))
+target_gap = selection.target_gap  # the step's select/target_gap (kept here: callers read it from the loop)
 
 
 def plan_batch(s: Session) -> BatchPlan:

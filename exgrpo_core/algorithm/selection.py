@@ -239,3 +239,15 @@ def replay_should_start(frac: float, threshold: float) -> bool:
     if not 0 <= threshold <= 1:
         raise SelectionError(f"start threshold must be in [0, 1], got {threshold}")
     return threshold == 0 or frac > threshold
+
+
+def target_gap(drawn: list[int | None], weights: dict[int, float]) -> float:
+    """Total variation between the step's replays by source bucket and the normalised target weights:
+    0 when they match (or nothing was replayed), 1 when every replay came from a bucket the target never
+    draws. Per-question weightings (question_uniform) have no bucket target: 0."""
+    ks = [k for k in drawn if k is not None]
+    total = sum(weights.values())
+    if not ks or total <= 0:
+        return 0.0
+    share = {k: ks.count(k) / len(ks) for k in set(ks)}
+    return 0.5 * sum(abs(share.get(k, 0.0) - weights.get(k, 0.0) / total) for k in set(share) | set(weights))
