@@ -337,6 +337,7 @@ def train(s: Session, groups: list[GroupResult], replayed: dict[str, Rollout]) -
         entropy_micro_tokens=cfg.loss.entropy_micro_tokens, pack=cfg.train.pack_sequences))
     stats[M.TRAIN_TFLOPS] = flops / max(time.perf_counter() - t_opt, 1e-9) / 1e12
     if hasattr(s.engine, "push_weights"):  # an engine with its own copy of the weights (vLLM, remote)
+        overlap.wait(s)  # (rollout.overlap, remote) step t+1's requests finish on the weights they were sent to
         dtype = getattr(s.engine, "weight_dtype", None) or getattr(torch, s.cfg.model.dtype)
         stats.update(s.team.push_weights(s.prompt_ids(min(s.questions)), dtype))
     dt = time.perf_counter() - t0

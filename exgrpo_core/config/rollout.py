@@ -57,18 +57,17 @@ class RolloutConfig(_Section):
     overlap: Literal[0, 1] = 0
     """Steps the sampler runs ahead of the trainer: 0, the paper's synchronous loop; 1: step t+1's fresh
     rollouts are sampled while step t trains, from the weights step t started with (rollout/overlap.py;
-    transformers engine only for now: the remote engine is the next increment, colocated vLLM stays synchronous)."""
+    the transformers engine and the remote one; colocated vLLM shares the GPU and stays synchronous)."""
     max_staleness: int | None = Field(default=None, ge=0)
     """(overlap) A fresh batch sampled more than this many steps before the step that trains it is dropped,
     counted (rollout/stale_dropped) and sampled again; default: `overlap`."""
 
     @model_validator(mode="after")
     def _overlap_engine(self):
-        if self.overlap and self.engine != "transformers":
-            raise ValueError(f"rollout.overlap={self.overlap} needs rollout.engine=transformers for now (got "
-                             f"{self.engine}): overlap on the remote engine is the next increment; colocated vLLM "
-                             "shares the GPU and stays synchronous")
-        if self.overlap and self.decoder == "generate":
+        if self.overlap and self.engine == "vllm":
+            raise ValueError(f"rollout.overlap={self.overlap} needs rollout.engine=transformers or remote: colocated "
+                             "vLLM shares the GPU with the trainer and stays synchronous (set rollout.overlap=0)")
+        if self.overlap and self.engine == "transformers" and self.decoder == "generate":
             raise ValueError("rollout.overlap needs the eager or static decoder (rollout.decoder=auto): transformers' "
                              "generate draws from torch's global generator, shared with the trainer's thread")
         return self

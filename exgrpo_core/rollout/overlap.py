@@ -7,7 +7,10 @@ rollouts (`take`). The copy's weights are the policy version the rollouts record
 database's step column: the step whose starting weights sampled them). A batch older than
 `rollout.max_staleness` steps is dropped, counted and sampled again. Checkpoints wait for the batch in flight
 and store it (`state`), so a resumed run trains on the rollouts the uninterrupted run did.
-Transformers engine only; one process (the sampler copy is not sharded; run/start_checks.py refuses more).
+On the remote engine the rollout server is the sampler (`ServerSampler`): step t+1's requests go to it while
+step t trains, and step t's push waits for them first (`wait`), since the push pauses the server and changes
+its weights; each output must carry the weight version the batch was sent under. One training process (the
+transformers copy is not sharded; run/start_checks.py refuses more); colocated vLLM stays synchronous.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ class Ahead:
 
 
 class Sampler:
-    """The background sampler: a copy of the trainer's engine on its own copy of the model."""
+    """The transformers engine's background sampler: a copy of the trainer's engine on its own copy of the model."""
 
     def __init__(self, engine):
         self.engine = copy.copy(engine)
@@ -77,6 +80,33 @@ class Sampler:
         job.thread = threading.Thread(target=work, name="exgrpo-overlap-sampler", daemon=True)
         job.thread.start()
         return job
+
+
+class ServerSampler:
+    """The remote engine's background sampler: the rollout server itself, which holds the weights step t started
+    with (pushed after step t-1) until step t's push; sampling is seeded on the server."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def start(self, trainer_model, plan, version: int, prompts, counts, seed: int, **kw) -> Prefetch:
+        """Send `prompts` to the server from a thread; every output must carry the server's current weight version."""
+        job, label = Prefetch(plan, version), self.engine.version
+
+        def work() -> None:
+            try:
+                job.gens = self.engine.generate(prompts, counts, expect_version=label, **kw)
+            except BaseException as e:  # handed to the trainer's thread by `wait`
+                job.error = e
+
+        job.thread = threading.Thread(target=work, name="exgrpo-overlap-requests", daemon=True)
+        job.thread.start()
+        return job
+
+
+def make_sampler(engine):
+    """The sampler of step t+1's batch: the server for the remote engine, else a copy of the engine."""
+    return ServerSampler(engine) if getattr(engine, "shared_by_processes", False) else Sampler(engine)
 
 
 def state(ahead: Ahead | None) -> dict | None:
@@ -134,7 +164,7 @@ def start_next(s, plan_batch) -> None:
         return
     if s.ahead is None or s.ahead.sampler is None:
         s.ahead = s.ahead or Ahead()
-        s.ahead.sampler = Sampler(s.engine)
+        s.ahead.sampler = make_sampler(s.engine)
         s._closers.append(lambda: wait(s))  # no sampling thread outlives the session
     s.step += 1
     try:
@@ -145,5 +175,5 @@ def start_next(s, plan_batch) -> None:
     uids = plan.fresh + plan.replay
     counts = [K] * len(plan.fresh) + [K - (cfg.buffer.replay_mode == "trajectory")] * len(plan.replay)
     s.ahead.job = s.ahead.sampler.start(
-        s.engine.model, plan, s.step, [s.prompt_ids(u) for u in uids], counts, s.rng.getrandbits(63),
+        getattr(s.engine, "model", None), plan, s.step, [s.prompt_ids(u) for u in uids], counts, s.rng.getrandbits(63),
         temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_response_tokens)

@@ -279,26 +279,28 @@ class RemoteEngine:
         self.workers = 0  # of one replica (TP x PP), read then
         check_server(self.client)
 
-    def _post_generate(self, body: dict) -> dict:
+    def _post_generate(self, body: dict, expect: str | None = None) -> dict:
+        expect = expect or self.version
         out = self.client.call("POST", "/inference/v1/generate", body)
         for choice in out["choices"]:
             spans = choice.get("weight_versions") or []
             versions = sorted({s["version"] for s in spans})
-            if self.version is not None and choice.get("token_ids") and versions != [self.version]:
+            if expect is not None and choice.get("token_ids") and versions != [expect]:
                 raise RemoteEngineError(f"the rollout server sampled with weights labelled {versions or 'nothing'}, "
-                                        f"the last push was {self.version}: another trainer pushed to it, or it "
+                                        f"the batch was sent under {expect}: another trainer pushed to it, or it "
                                         "restarted; one server serves one run")
         return out
 
     def generate(self, prompts: list[list[int]], n: int | list[int], *, temperature: float,
-                 max_new_tokens: int) -> list[list[Generation]]:
-        """`n` (or n[i]) responses per prompt with the sampled tokens' processed log-probs, one request per prompt."""
+                 max_new_tokens: int, expect_version: str | None = None) -> list[list[Generation]]:
+        """`n` (or n[i]) responses per prompt with the sampled tokens' processed log-probs, one request per prompt;
+        every output must carry `expect_version` (default: the last push's label)."""
         counts = sample_counts(prompts, n)
         bodies = [generate_request(p, n=c, temperature=temperature, top_p=self.top_p, max_tokens=max_new_tokens,
                                    logprobs=0, stop_token_ids=self.eos_ids, detokenize=False)
                   for p, c in zip(prompts, counts)]
         with ThreadPoolExecutor(max_workers=max(1, min(len(bodies), self.max_requests))) as pool:
-            outs = list(pool.map(self._post_generate, bodies))
+            outs = list(pool.map(lambda b: self._post_generate(b, expect_version), bodies))
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         groups = []
         for c, out in zip(counts, outs):

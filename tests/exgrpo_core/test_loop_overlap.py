@@ -102,7 +102,7 @@ def test_a_resumed_overlap_run_reaches_the_uninterrupted_runs_weights(tmp_path):
 
 
 def test_overlap_on_another_engine_is_refused_in_one_line(tmp_path):
-    with pytest.raises(Exception, match="overlap=1 needs rollout.engine=transformers.*remote engine is the next"):
+    with pytest.raises(Exception, match="overlap=1 needs rollout.engine=transformers or remote: colocated"):
         _cfg(tmp_path, "rollout.overlap=1", "rollout.engine=vllm")
     with pytest.raises(Exception, match="overlap needs the eager or static decoder"):
         _cfg(tmp_path, "rollout.overlap=1", "rollout.decoder=generate")

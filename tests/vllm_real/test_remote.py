@@ -189,3 +189,29 @@ def test_the_nccl_path_stream_fits_this_vllms_weight_source():
     assert [(m.name, m.dtype, m.shape) for m in meta] == [("a", torch.bfloat16, (2, 3)), ("b", torch.bfloat16, (4,))]
     src.named = [("a", torch.ones(2, 3)), ("b", torch.zeros(4))]
     assert [(n, t.dtype) for n, t in src] == [("a", torch.bfloat16), ("b", torch.bfloat16)]
+
+
+def test_overlapped_steps_sample_ahead_on_the_real_server(server):
+    """rollout.overlap=1: step t+1's requests run on the server while step t trains; step t's push (vLLM's
+    /pause, the transfer, /resume) follows them; each batch records the version that sampled it."""
+    from sqlalchemy import select
+
+    from exgrpo_core.run.session import open_session
+    from exgrpo_core.store.tables import Trajectory as T
+
+    tmp = server.tmp / "overlap"
+    cfg = load_config("tiny", [f"run.output_dir={tmp}", f"run.db_url=sqlite:///{tmp / 'x.db'}", "run.resume=never",
+                               "rollout.engine=remote", f"rollout.server_url={server.url}", f"rollout.server_api_key={KEY}",
+                               "rollout.weight_transfer=gloo", "rollout.server_group_host=127.0.0.1", "model.dtype=float32",
+                               "rollout.max_response_tokens=3", "rollout.overlap=1", *TINY])
+    s = open_session(cfg)
+    try:
+        outs = [loop.run_iteration(s) for _ in range(3)]
+        assert [o["rollout/fresh_staleness"] for o in outs] == [0.0, 1.0, 1.0]
+        assert all(o["engine/sync_logprob_gap"] < 1e-4 for o in outs)
+        assert s.engine.client.call("GET", "/weight_info")["weight_version"] == s.engine.version
+        with s.store.engine.connect() as conn:
+            steps = set(conn.execute(select(T.collected_step, T.step).where(T.run_id == s.run_id)).all())
+        assert steps == {(0, 0), (1, 0), (2, 1)}  # (the step training on it, the policy version sampling it)
+    finally:
+        s.close()
