@@ -3,24 +3,29 @@ finishes, and compare the end state with an uninterrupted run of the same comman
 
     nice -n 19 python benchmarks/reliability/fault_injection.py --trials 20 --db sqlite
     nice -n 19 python benchmarks/reliability/fault_injection.py --trials 10 --db postgres   # 127.0.0.1:5432, user postgres
+    nice -n 19 python benchmarks/reliability/fault_injection.py --trials 4 --steps 6 --overlap 1   # rollout.overlap=1
 
 Each run: the tiny preset, `run.checkpoint_every=1`, Prefect's ephemeral API (PREFECT_API_URL unset),
 local MLflow (SQLite), the experience database on SQLite or a fresh PostgreSQL database. Kills are
-SIGKILL to the `exgrpo train` process only (never its process group), of three kinds:
+SIGKILL to the `exgrpo train` process only (never its process group), of four kinds:
   - time: a uniformly random moment in the first 90% of an uninterrupted run's duration (start-up,
     Prefect, model load, any stage of a step);
   - checkpoint: the moment a checkpoint write of a random step has begun (`.tmp_step_N` exists);
   - committed: the moment a step's checkpoint has been renamed into place (`step_N` exists): whatever
-    belongs to that step (metrics, monitors, pictures, perf/checkpoint_s) must already be recorded.
+    belongs to that step (metrics, monitors, pictures, perf/checkpoint_s) must already be recorded;
+  - in_flight (`--overlap 1`, a third of the kills): the moment a random step's checkpoint begins to wait for
+    the batch sampled ahead; such a trial runs through slow_sampler.py, whose sampler sleeps SLOW_SAMPLER_S
+    before each batch, so the batch is still being sampled then (`batch_in_flight` says it was).
 After each kill, every process of the killed command's session must be gone within 30 s (else it is
 counted as leaked, and killed). Per trial, the final state against the reference run:
   - weights: SHA-256 over the final checkpoint's tensors (and over the optimiser's);
   - rows: every row of every experience table, ids replaced by their insertion rank, timestamps,
     run ids and paths left out; lost = in the reference only, extra = in the trial only;
   - MLflow: duplicate points (more than one per metric and step), (metric, step) pairs missing or extra;
-  - orphaned runs: database runs of the name other than one `finished`, MLflow runs not FINISHED.
-Writes benchmarks/results/fault_injection_<db>.json. Targeted faults (the run lock's bypasses, a moved
-database) are benchmarks/reliability/scenarios.py.
+  - orphaned runs: database runs of the name other than one `finished`, MLflow runs not FINISHED, any MLflow
+    run beyond one (a resume continues the same MLflow run).
+Writes benchmarks/results/fault_injection_<db>.json (`..._overlap1.json` with --overlap 1). Targeted faults
+(the run lock's bypasses, a moved database) are benchmarks/reliability/scenarios.py.
 """
 
 from __future__ import annotations
@@ -47,13 +52,18 @@ SKIP_COLUMNS = {"run_id", "created_at", "updated_at", "config_json", "mlflow_run
 RANKED = {"trajectory_id": "trajectories", "question_id": "questions"}
 
 
-def train_command(root: Path, db_url: str, steps: int, name: str = "fi", mlflow_uri: str | None = None) -> list[str]:
-    """`exgrpo train` of the tiny preset in root; MLflow: `mlflow_uri`, else the SQLite store root/mlflow.db."""
+def train_command(root: Path, db_url: str, steps: int, name: str = "fi", mlflow_uri: str | None = None,
+                  overlap: int = 0, slow_sampler_s: float = 0.0) -> list[str]:
+    """`exgrpo train` of the tiny preset in root with `rollout.overlap`; MLflow: `mlflow_uri`, else the SQLite
+    store root/mlflow.db. `slow_sampler_s` > 0 (overlap 1): through slow_sampler.py, whose sampler sleeps that
+    long before each batch it samples ahead and which marks each checkpoint's wait for it (`in_flight` kills)."""
     mlflow_uri = mlflow_uri or f"sqlite:///{root / 'mlflow.db'}"
     sets = [f"run.output_dir={root / 'runs'}", f"run.db_url={db_url}", f"run.name={name}",
             f"run.mlflow_tracking_uri={mlflow_uri}", f"run.steps={steps}",
-            "run.checkpoint_every=1"]
-    return [sys.executable, "-m", "flows.cli", "train", "--config", "tiny", *sum((["--set", s] for s in sets), [])]
+            "run.checkpoint_every=1", *([f"rollout.overlap={overlap}"] if overlap else [])]
+    cli = ([str(Path(__file__).with_name("slow_sampler.py")), str(slow_sampler_s)] if slow_sampler_s
+           else ["-m", "flows.cli"])
+    return [sys.executable, *cli, "train", "--config", "tiny", *sum((["--set", s] for s in sets), [])]
 
 
 def environment(prefect_home: Path) -> dict:
@@ -110,13 +120,20 @@ def _wait_kill(proc: subprocess.Popen, kill: tuple[str, float], ckpt: Path) -> d
             break
         if kind == "committed" and (ckpt / f"step_{int(arg) + 1:06d}").is_dir():
             break
+        if kind == "in_flight" and (ckpt.parent / f"in_flight_{int(arg)}").is_file():  # slow_sampler.py's mark
+            break
         time.sleep(0.05 if kind == "time" else 0.002)
     else:
         return None
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     in_write = ckpt.is_dir() and any(p.name.startswith(".tmp_step_") for p in ckpt.iterdir())
-    return {"kind": kind, "at": arg, "after_s": round(time.monotonic() - start, 2), "in_checkpoint_write": in_write}
+    out = {"kind": kind, "at": arg, "after_s": round(time.monotonic() - start, 2), "in_checkpoint_write": in_write}
+    if kind == "in_flight":  # the sampler thread was still running when the checkpoint began to wait for it
+        mark = ckpt.parent / f"in_flight_{int(arg)}"
+        out["batch_in_flight"] = mark.read_text() == "alive"
+        mark.unlink()
+    return out
 
 
 def run_until_done(cmd: list[str], env: dict, root: Path, kills: list[tuple[str, float]],
@@ -216,8 +233,9 @@ def mlflow_points(root: Path, db_url: str) -> dict:
         for key in client.get_run(run_id).data.metrics:
             points.update((key, m.step) for m in client.get_metric_history(run_id, key))
     exps = [e.experiment_id for e in client.search_experiments()]
-    unfinished = [r.info.run_id for r in client.search_runs(exps) if r.info.status != "FINISHED"]
-    return {"points": points, "unfinished": unfinished}
+    found = client.search_runs(exps)
+    unfinished = [r.info.run_id for r in found if r.info.status != "FINISHED"]
+    return {"points": points, "unfinished": unfinished, "runs": len(found)}
 
 
 def final_state(root: Path, db_url: str) -> dict:
@@ -240,7 +258,8 @@ def compare(ref: dict, got: dict) -> dict:
             "duplicate_points": sum(n - 1 for n in pts.values() if n > 1),
             "missing_points": len(set(ref_pts) - set(pts)), "extra_points": len(set(pts) - set(ref_pts)),
             "orphaned_runs": (len(statuses) - statuses.count("finished")) + len(got["mlflow"]["unfinished"])
-            + max(0, statuses.count("finished") - 1)}
+            + max(0, statuses.count("finished") - 1) + max(0, got["mlflow"].get("runs", 1) - 1),
+            "mlflow_runs": got["mlflow"].get("runs")}
     diff["exact"] = (diff["weights_equal"] and not lost and not extra and not diff["duplicate_points"]
                      and not diff["missing_points"] and not diff["extra_points"] and not diff["orphaned_runs"])
     return diff
@@ -265,7 +284,7 @@ def drop_created() -> None:
     _scratch.close()
 
 
-def reference_run(work: Path, steps: int, backend: str = "sqlite") -> tuple[dict, float, dict]:
+def reference_run(work: Path, steps: int, backend: str = "sqlite", overlap: int = 0) -> tuple[dict, float, dict]:
     """An uninterrupted run in work/reference: the environment the trials share (Prefect home work/prefect),
     its duration in seconds and its end state."""
     env = environment(work / "prefect")
@@ -273,15 +292,23 @@ def reference_run(work: Path, steps: int, backend: str = "sqlite") -> tuple[dict
     root.mkdir(parents=True)
     db = db_for(backend, root)
     t0 = time.monotonic()
-    run = run_until_done(train_command(root, db, steps), env, root, [])
+    run = run_until_done(train_command(root, db, steps, overlap=overlap), env, root, [])
     assert run["finished"], run["failures"]
     assert not run["leaked"], run["leaked"]
     return env, time.monotonic() - t0, final_state(root, db)
 
 
-def plan_kills(rng: random.Random, n: int, duration_s: float, steps: int) -> list[tuple[str, float]]:
-    return [("time", round(rng.uniform(0, 0.9 * duration_s), 2)) if rng.random() < 0.5
-            else ("checkpoint", rng.randrange(steps)) for _ in range(n)]
+SLOW_SAMPLER_S = 2.0  # a trial with an `in_flight` kill: the sampler's sleep before each batch sampled ahead
+
+
+def plan_kills(rng: random.Random, n: int, duration_s: float, steps: int, overlap: int = 0) -> list[tuple[str, float]]:
+    """n kills: time or checkpoint, half each; with overlap a third are `in_flight` (the last step has none)."""
+    def one():
+        if overlap and rng.random() < 1 / 3:
+            return "in_flight", rng.randrange(steps - 1)
+        return ("time", round(rng.uniform(0, 0.9 * duration_s), 2)) if rng.random() < 0.5 \
+            else ("checkpoint", rng.randrange(steps))
+    return [one() for _ in range(n)]
 
 
 def _save(args, duration: float, trials: list[dict]) -> None:
@@ -289,6 +316,8 @@ def _save(args, duration: float, trials: list[dict]) -> None:
 
     summary = {"trials": len(trials), "kills": sum(len(t["kills"]) for t in trials),
                "kills_in_checkpoint_write": sum(k["in_checkpoint_write"] for t in trials for k in t["kills"]),
+               "kills_in_flight": sum(k["kind"] == "in_flight" for t in trials for k in t["kills"]),
+               "kills_batch_in_flight": sum(k.get("batch_in_flight", False) for t in trials for k in t["kills"]),
                "finished": sum(t["finished"] for t in trials), "exact_resumes": sum(t["exact"] for t in trials),
                "rows_lost": sum(t.get("rows_lost", 0) for t in trials),
                "rows_extra": sum(t.get("rows_extra", 0) for t in trials),
@@ -297,7 +326,8 @@ def _save(args, duration: float, trials: list[dict]) -> None:
                "orphaned_runs": sum(t.get("orphaned_runs", 0) for t in trials),
                "leaked_processes": sum(len(t["leaked"]) for t in trials)}
     print(summary, flush=True)
-    save_result(f"fault_injection_{args.db}.json", {"db": args.db, "steps": args.steps, "seed": args.seed,
+    name = f"fault_injection_{args.db}" + (f"_overlap{args.overlap}" if args.overlap else "")
+    save_result(f"{name}.json", {"db": args.db, "overlap": args.overlap, "steps": args.steps, "seed": args.seed,
                                                      "reference_s": round(duration, 1), "summary": summary,
                                                      "trials": trials})
 
@@ -310,12 +340,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--max-kills", type=int, default=3, help="kills per trial: 1 to this many")
     ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    ap.add_argument("--overlap", type=int, choices=[0, 1], default=0, help="rollout.overlap of every run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     work = Path(args.work or tempfile.mkdtemp(prefix="fault-injection-"))
-    env, duration, ref = reference_run(work, args.steps, args.db)
+    env, duration, ref = reference_run(work, args.steps, args.db, args.overlap)
     print(f"reference: {duration:.1f} s, {sum(sum(c.values()) for c in ref['rows'].values())} rows, "
           f"{len(ref['mlflow']['points'])} MLflow points")
     trials = []
@@ -323,10 +354,12 @@ def main() -> int:
         root = work / f"trial{i}"
         root.mkdir()
         db = db_for(args.db, root)
-        kills = plan_kills(rng, rng.randint(1, args.max_kills), duration, args.steps)
-        run = run_until_done(train_command(root, db, args.steps), env, root, kills)
+        kills = plan_kills(rng, rng.randint(1, args.max_kills), duration, args.steps, args.overlap)
+        slow = SLOW_SAMPLER_S if any(k == "in_flight" for k, _ in kills) else 0.0
+        cmd = train_command(root, db, args.steps, overlap=args.overlap, slow_sampler_s=slow)
+        run = run_until_done(cmd, env, root, kills)
         diff = compare(ref, final_state(root, db)) if run["finished"] else {"exact": False}
-        trials.append({"planned": kills, **run, **diff})
+        trials.append({"planned": kills, "slow_sampler_s": slow, **run, **diff})
         print(f"trial {i}: {len(run['kills'])} kills ({sum(k['in_checkpoint_write'] for k in run['kills'])} in a "
               f"checkpoint write), exact={diff['exact']}, leaked={len(run['leaked'])} "
               f"{ {k: v for k, v in diff.items() if k != 'exact'} }", flush=True)

@@ -2,7 +2,8 @@
 checkpoint every step) SIGKILLed at random moments, one of them during a checkpoint write, and rerun
 until it finishes, ends exactly where an uninterrupted run does: the same weights and optimiser, every
 experience row, one MLflow point per (metric, step), one finished run, and no process of a killed
-command left alive. Two trials here; `benchmarks/reliability/fault_injection.py` runs many."""
+command left alive. The same with rollout.overlap=1 (issue 47): random kills, and a kill while a checkpoint
+waits for the batch sampled ahead. A few trials here; `benchmarks/reliability/fault_injection.py` runs many."""
 
 from __future__ import annotations
 
@@ -28,12 +29,21 @@ def reference(tmp_path_factory):
     return work, env, duration, ref
 
 
-def _trial(reference, name: str, kills):
+@pytest.fixture(scope="module")
+def overlap_reference(tmp_path_factory):
+    """An uninterrupted rollout.overlap=1 run, as `reference`."""
+    work = tmp_path_factory.mktemp("fault-injection-overlap")
+    env, duration, ref = fi.reference_run(work, STEPS, overlap=1)
+    return work, env, duration, ref
+
+
+def _trial(reference, name: str, kills, overlap: int = 0, slow_sampler_s: float = 0.0):
     work, env, _, ref = reference
     root = work / name
     root.mkdir()
     db = fi.db_for("sqlite", root)
-    run = fi.run_until_done(fi.train_command(root, db, STEPS), env, root, kills)
+    cmd = fi.train_command(root, db, STEPS, overlap=overlap, slow_sampler_s=slow_sampler_s)
+    run = fi.run_until_done(cmd, env, root, kills)
     assert run["finished"], run["failures"]
     return run, fi.compare(ref, fi.final_state(root, db))
 
@@ -44,6 +54,7 @@ def _check(run, diff, kills_expected: int):
     assert diff["weights_equal"], "the resumed run's weights or optimiser differ from the uninterrupted run's"
     assert (diff["rows_lost"], diff["rows_extra"]) == (0, 0), (diff["lost_by_table"], diff["first_differences"])
     assert (diff["duplicate_points"], diff["missing_points"], diff["extra_points"]) == (0, 0, 0), diff
+    assert diff["mlflow_runs"] == 1, f"a resume started another MLflow run: {diff['mlflow_runs']} runs"
     assert diff["orphaned_runs"] == 0 and diff["exact"], diff
 
 
@@ -89,3 +100,25 @@ def test_the_comparison_sees_a_lost_row_and_a_duplicated_point(reference):
     points[next(iter(points))] += 1
     diff = fi.compare(ref, {**ref, "rows": rows, "mlflow": {**ref["mlflow"], "points": points}})
     assert diff["rows_lost"] == 1 and diff["duplicate_points"] == 1 and not diff["exact"]
+
+
+def _versions(ref) -> set[tuple[int, int]]:
+    return {(dict(r)["collected_step"], dict(r)["step"]) for r in ref["rows"]["trajectories"].elements()}
+
+
+def test_overlap_run_killed_while_a_checkpoint_waits_for_the_batch_in_flight_and_at_a_random_moment(
+        overlap_reference):
+    """rollout.overlap=1 through slow_sampler.py (each batch sampled ahead is held until its checkpoint waits for
+    it, then sampled; holding draws no random number): SIGKILLed while step 1's checkpoint waits for step 2's
+    batch, still being sampled, then at a random moment; each rerun resumes from a checkpoint holding the next
+    step's batch and trains on exactly those rollouts. The end state is the uninterrupted (plain) run's: the
+    weights, every row (the trajectories' step, the sampling policy version, and collected_step), one MLflow run
+    with one point per (metric, step), no leaked process."""
+    _, _, duration, ref = overlap_reference
+    assert _versions(ref) == {(0, 0)} | {(t, t - 1) for t in range(1, STEPS)}  # the rows compared carry versions
+    rng = random.Random(47)
+    kills = [("in_flight", 1), ("time", round(rng.uniform(0.4, 0.8) * duration, 2))]
+    run, diff = _trial(overlap_reference, "overlap", kills, overlap=1, slow_sampler_s=1.0)
+    assert run["kills"][0]["batch_in_flight"], run["kills"]  # the sampler thread was still running
+    assert not run["kills"][0]["in_checkpoint_write"]  # killed in the wait, before any checkpoint file
+    _check(run, diff, kills_expected=2)
