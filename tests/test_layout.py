@@ -42,7 +42,7 @@ ALLOWED = {
     "store": BASE | {"config", "algorithm", "store"},
     "reward": BASE | {"config", "store", "run.lifeline", "reward"},
     "models": BASE | {"config", "data", "run.checkpoint", "models"},
-    "rollout": BASE | {"config", "models", "rollout", "training"},
+    "rollout": BASE | {"config", "models", "run.lifeline", "rollout", "training"},
     "training": BASE | {"config", "run.checkpoint", "algorithm", "rollout", "training"},
     "evaluation": BASE | {"config", "data", "reward", "rollout", "evaluation"},
     "observe": BASE | {"config", "algorithm", "observe"},

@@ -58,6 +58,10 @@ class RolloutConfig(_Section):
     """Steps the sampler runs ahead of the trainer: 0, the paper's synchronous loop; 1: step t+1's fresh
     rollouts are sampled while step t trains, from the weights step t started with (rollout/overlap.py;
     the transformers engine and the remote one; colocated vLLM shares the GPU and stays synchronous)."""
+    overlap_sampler: Literal["thread", "process"] = "thread"
+    """(overlap, transformers engine) Where step t+1's batch is sampled: `thread`, a background thread on a copy
+    of the model (it shares the GIL with the trainer); `process`, a child process holding the copy in shared
+    memory, its weights written and checked (float64 checksums) at each start (rollout/sampler_process.py)."""
     max_staleness: int | None = Field(default=None, ge=0)
     """(overlap) A fresh batch sampled more than this many steps before the step that trains it is dropped,
     counted (rollout/stale_dropped) and sampled again; default: `overlap`."""
@@ -70,6 +74,9 @@ class RolloutConfig(_Section):
         if self.overlap and self.engine == "transformers" and self.decoder == "generate":
             raise ValueError("rollout.overlap needs the eager or static decoder (rollout.decoder=auto): transformers' "
                              "generate draws from torch's global generator, shared with the trainer's thread")
+        if self.overlap_sampler == "process" and self.engine != "transformers":
+            raise ValueError(f"rollout.overlap_sampler=process is for the transformers engine; with rollout.engine="
+                             f"{self.engine} the sampler is the engine itself (set rollout.overlap_sampler=thread)")
         return self
 
     group_size: int = Field(default=8, ge=2)

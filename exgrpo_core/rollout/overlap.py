@@ -9,8 +9,11 @@ database's step column: the step whose starting weights sampled them). A batch o
 and store it (`state`), so a resumed run trains on the rollouts the uninterrupted run did.
 On the remote engine the rollout server is the sampler (`ServerSampler`): step t+1's requests go to it while
 step t trains, and step t's push waits for them first (`wait`), since the push pauses the server and changes
-its weights; each output must carry the weight version the batch was sent under. One training process (the
-transformers copy is not sharded; run/start_checks.py refuses more); colocated vLLM stays synchronous.
+its weights; each output must carry the weight version the batch was sent under.
+`rollout.overlap_sampler=process` runs the transformers engine's sampler in a child process instead of the
+thread (`rollout/sampler_process.py`: weights copied into shared memory at each start and checked).
+One training process (the transformers copy is not sharded; run/start_checks.py refuses more); colocated
+vLLM stays synchronous.
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ class Sampler:
         job.thread.start()
         return job
 
+    def close(self) -> None:
+        pass
+
 
 class ServerSampler:
     """The remote engine's background sampler: the rollout server itself, which holds the weights step t started
@@ -103,10 +109,20 @@ class ServerSampler:
         job.thread.start()
         return job
 
+    def close(self) -> None:
+        pass
 
-def make_sampler(engine):
-    """The sampler of step t+1's batch: the server for the remote engine, else a copy of the engine."""
-    return ServerSampler(engine) if getattr(engine, "shared_by_processes", False) else Sampler(engine)
+
+def make_sampler(engine, kind: str = "thread"):
+    """The sampler of step t+1's batch: the server for the remote engine, else a copy of the engine in a
+    thread or (`kind="process"`, `rollout.overlap_sampler`) in a child process."""
+    if getattr(engine, "shared_by_processes", False):
+        return ServerSampler(engine)
+    if kind == "process":
+        from exgrpo_core.rollout.sampler_process import ProcessSampler
+
+        return ProcessSampler(engine)
+    return Sampler(engine)
 
 
 def state(ahead: Ahead | None) -> dict | None:
@@ -164,8 +180,8 @@ def start_next(s, plan_batch) -> None:
         return
     if s.ahead is None or s.ahead.sampler is None:
         s.ahead = s.ahead or Ahead()
-        s.ahead.sampler = make_sampler(s.engine)
-        s._closers.append(lambda: wait(s))  # no sampling thread outlives the session
+        s.ahead.sampler = sampler = make_sampler(s.engine, cfg.rollout.overlap_sampler)
+        s._closers.append(lambda: (wait(s), sampler.close()))  # no sampler thread or process outlives the session
     s.step += 1
     try:
         plan = plan_batch(s)

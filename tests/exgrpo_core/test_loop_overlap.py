@@ -32,8 +32,12 @@ def _weights(s):
     return {k: v.detach().clone() for k, v in s.accelerator.unwrap_model(s.model).state_dict().items()}
 
 
-def test_overlap_samples_step_t_plus_1_from_the_weights_step_t_started_with(tmp_path):
-    s = _open(tmp_path, "rollout.overlap=1", "run.resume=never")
+SAMPLERS = ["thread", "process"]  # rollout.overlap_sampler
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_overlap_samples_step_t_plus_1_from_the_weights_step_t_started_with(tmp_path, sampler):
+    s = _open(tmp_path, "rollout.overlap=1", "run.resume=never", f"rollout.overlap_sampler={sampler}")
     try:
         start = _weights(s)
         out0 = loop.run_iteration(s)  # step 0 samples now, and starts step 1's batch before training
@@ -52,8 +56,10 @@ def test_overlap_samples_step_t_plus_1_from_the_weights_step_t_started_with(tmp_
         s.close()
 
 
-def test_a_batch_older_than_the_bound_is_dropped_and_sampled_again(tmp_path):
-    s = _open(tmp_path, "rollout.overlap=1", "rollout.max_staleness=0", "run.resume=never")
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_a_batch_older_than_the_bound_is_dropped_and_sampled_again(tmp_path, sampler):
+    s = _open(tmp_path, "rollout.overlap=1", "rollout.max_staleness=0", "run.resume=never",
+              f"rollout.overlap_sampler={sampler}")
     try:
         loop.run_iteration(s)
         out = loop.run_iteration(s)
@@ -75,10 +81,11 @@ def test_overlap_off_is_the_synchronous_loop(tmp_path):
         s.close()
 
 
-def _run(tmp_path, kill_after: int | None):
+def _run(tmp_path, kill_after: int | None, sampler: str = "thread"):
     """Four overlapped steps, checkpointing each; with `kill_after`, the session is dropped after that
     step's checkpoint (its batch in flight lost with it) and a new one resumes."""
-    s = _open(tmp_path, "rollout.overlap=1")
+    sampler = f"rollout.overlap_sampler={sampler}"
+    s = _open(tmp_path, "rollout.overlap=1", sampler)
     texts = []
     while s.step < 4:
         out = loop.run_iteration(s)
@@ -86,7 +93,7 @@ def _run(tmp_path, kill_after: int | None):
         s.save()
         if kill_after is not None and s.step == kill_after + 1:
             s.close()
-            s = _open(tmp_path, "rollout.overlap=1", "run.resume=must")
+            s = _open(tmp_path, "rollout.overlap=1", "run.resume=must", sampler)
             assert s.resumed_from == kill_after and s.ahead.job.plan.step == kill_after + 1
             kill_after = None
     w = _weights(s)
@@ -94,9 +101,10 @@ def _run(tmp_path, kill_after: int | None):
     return texts, w
 
 
-def test_a_resumed_overlap_run_reaches_the_uninterrupted_runs_weights(tmp_path):
-    texts_a, w_a = _run(tmp_path / "a", None)
-    texts_b, w_b = _run(tmp_path / "b", 1)
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_a_resumed_overlap_run_reaches_the_uninterrupted_runs_weights(tmp_path, sampler):
+    texts_a, w_a = _run(tmp_path / "a", None, sampler)
+    texts_b, w_b = _run(tmp_path / "b", 1, sampler)
     assert texts_a == pytest.approx(texts_b)
     assert all(torch.equal(w_a[k], w_b[k]) for k in w_a)
 
