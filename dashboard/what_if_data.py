@@ -17,6 +17,10 @@ from exgrpo_core.store import what_if as W
 from exgrpo_core.store.experience_store import ExperienceStore
 
 WHAT_IF, RUN = "what if", "the run"
+ARMS = {"what_if": WHAT_IF, "actual": RUN}  # a report's sides; an arm of another name shows as its name
+RESCORED = {"token_log_ratio": "token log-ratio", "seq_log_ratio": "sequence log-ratio", "weight": "loss weight",
+            "entropy": "entropy (checkpoint)", "stored_entropy": "entropy (stored)",
+            "lowest_changed": "lowest-entropy changed"}  # a `--rescore` report's per-step means, as columns
 POLICY_KEYS = ("selection.", "buffer.max_age", "buffer.replay_ratio")  # what a what-if may change
 REPORT_KEYS = {"run_id", "steps", "what_if", "actual", "per_step"}
 MAX_REPORT_BYTES = 50_000_000
@@ -156,12 +160,32 @@ def total_gap(side: dict, target: dict[int, float]) -> float:
 
 
 def per_step(report: dict, actual: list[dict]) -> pd.DataFrame:
-    """[step, run, replays, gap] per replaying step (step numbers as printed), both sides against the target."""
+    """[step, run, replays, gap] per replaying step (step numbers as printed), both sides against the target;
+    with a `--rescore` report also its per-step means under the checkpoint (`rescored`)."""
     target = report["what_if"]["target"]
     rows = [{"step": d["step"] + 1, "run": label, "replays": len(d["buckets"]), "gap": gap(d["buckets"], target)}
             for label, draws in ((WHAT_IF, report["per_step"]), (RUN, actual))
             for d in draws]
-    return pd.DataFrame(rows, columns=["step", "run", "replays", "gap"])
+    out = pd.DataFrame(rows, columns=["step", "run", "replays", "gap"])
+    more = rescored(report)
+    return out if more is None else out.merge(more, on=["step", "run"], how="left")
+
+
+def rescored(report: dict) -> pd.DataFrame | None:
+    """[step, run, RESCORED columns] of a report written with `--rescore`, per arm and replaying step; None without."""
+    rs = report.get("rescore")
+    if not isinstance(rs, dict) or not rs.get("per_step"):
+        return None
+    rows = [{"step": r["step"] + 1, "run": ARMS.get(r["arm"], r["arm"]),
+             **{label: r.get(key) for key, label in RESCORED.items()}} for r in rs["per_step"]]
+    return pd.DataFrame(rows, columns=["step", "run", *RESCORED.values()]).astype({c: float for c in RESCORED.values()})
+
+
+def rescored_under(report: dict) -> str:
+    """Which policy a `--rescore` report scored under, in words."""
+    rs = report["rescore"]
+    step = "" if rs.get("step") is None else f" (step {rs['step']})"
+    return f"`{rs['checkpoint']}`{step}, at temperature {rs.get('temperature', 1.0):g}"
 
 
 def distributions(report: dict, actual: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -492,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
 _USER_ERRORS = {"ConfigError", "DataError", "StoreError", "TrackingError", "ModelLoadError", "ResumeError",
                 "VLLMUnavailable", "BudgetError", "RemoteEngineError", "RunLockedError",
                 "CheckpointError", "PrefectStartError", "AlreadyFinishedError", "CancelledRun", "ParallelError",
-                "ChildrenFailedError", "DependencyError", "RewardPluginError", "RewardServerError", "WhatIfError"}
+                "ChildrenFailedError", "DependencyError", "RewardPluginError", "RewardServerError", "WhatIfError",
+                "RescoreError"}
 
 if __name__ == "__main__":
     sys.exit(main())

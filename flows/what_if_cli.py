@@ -1,9 +1,11 @@
 """`exgrpo replay-what-if`: what another selection policy would have replayed from a finished run's pool
-(exgrpo_core.store.what_if.py), beside what the run replayed. Reads only."""
+(exgrpo_core.store.what_if.py), beside what the run replayed; with --rescore, both sides' trajectories scored
+under a checkpoint (exgrpo_core/run/rescore.py). Reads only."""
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 from pathlib import Path
@@ -23,6 +25,9 @@ def add_parser(sub, config_args) -> None:
     wi.add_argument("--db-url", default=None, help="experience database URL (default: as training resolves it)")
     wi.add_argument("--seed", type=int, default=0, help="the counterfactual draws' seed")
     wi.add_argument("--out", default=None, help="JSON report path (default: RUN_DIR/what_if.json)")
+    wi.add_argument("--rescore", default=None, metavar="CHECKPOINT",
+                    help="also score both sides' trajectories under this policy: a checkpoint folder (or step_N "
+                    "of the run), a model folder or a model name (tiny, a hub name)")
     wi.set_defaults(fn=cmd_what_if)
 
 
@@ -42,8 +47,25 @@ def cmd_what_if(args: argparse.Namespace) -> int:
                          "(name the database with --db-url or --config)")
     with ExperienceStore(db_url) as store:
         run_id = find_run(store, args.run)
-        name = store.get_run(run_id)["name"]
+        row = store.get_run(run_id)
+        name = row["name"]
+        rescore = getattr(args, "rescore", None)
+        if rescore is not None:  # its one-line errors before the what-if and the model load
+            import torch
+
+            from exgrpo_core.config.load import build_config
+            from exgrpo_core.run import rescore as R
+
+            run_cfg = build_config(copy.deepcopy(row["config"]), source=f"run {name}'s stored config")
+            source = R.resolve(rescore, Path(cfg.run.output_dir) / name)
+            info = R.check_source(source, run_cfg)
         out = what_if(store, run_id, cfg, seed=args.seed)
+        if rescore is not None:
+            model, tokenizer = R.load(source, run_cfg)
+            if torch.cuda.is_available():  # else the CPU, in micro batches
+                model = model.cuda()
+            out["rescore"] = R.rescore(store, run_id, out, run_cfg, cfg, model, tokenizer, info, progress=(
+                lambda done, total: console.print(f"rescoring under {source}: {done}/{total} trajectories")))
     wi, ac = out["what_if"], out["actual"]
     first, last = (out["steps"] + [None, None])[:2]
     table = Table(title=f"run {name}: replays of steps {first}-{last}, the policy's vs the run's")
@@ -57,8 +79,26 @@ def cmd_what_if(args: argparse.Namespace) -> int:
     table.add_row("mean age (steps)", f"{wi['age_mean']:.1f}", f"{ac['age_mean']:.1f}", "")
     table.add_row("mean entropy", f"{wi['entropy_mean']:.4f} (stored)", f"{ac['entropy_mean']:.4f} (at replay)", "")
     console.print(table)
+    if "rescore" in out:
+        console.print(rescore_table(out["rescore"]))
     dest = Path(args.out or os.path.join(cfg.run.output_dir, name, "what_if.json"))
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(out, indent=1, default=str) + "\n")
     console.print(f"report: {dest}")
     return 0
+
+
+def rescore_table(rs: dict) -> Table:
+    """Both sides' replayed trajectories under the checkpoint (means; the loss weight per token)."""
+    table = Table(title=f"under {rs['checkpoint']}" + ("" if rs["step"] is None else f" (step {rs['step']})"))
+    for col in ("", "policy (what if)", "the run"):
+        table.add_column(col)
+    wi, ac = rs["summary"]["what_if"], rs["summary"]["actual"]
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    weight = "f(w) per token" if rs["shaping_beta"] is not None else "w per token"
+    for label, key, f in (("trajectories", "trajectories", "d"), ("log-ratio, sequence", "seq_log_ratio", ".4f"),
+                          ("log-ratio, token mean", "token_log_ratio", ".4f"), (weight, "weight", ".4f"),
+                          ("entropy (checkpoint)", "entropy", ".4f"), ("entropy (stored)", "stored_entropy", ".4f"),
+                          ("lowest-entropy choice changed", "lowest_changed", ".0%")):
+        table.add_row(label, fmt(wi[key], f), fmt(ac[key], f))
+    return table

@@ -98,7 +98,8 @@ def show(report: dict, actual: list[dict], name: str) -> None:
     st.dataframe(summary, hide_index=True, width="stretch",
                  column_config={c: st.column_config.NumberColumn(format="%.4g") for c in (D.WHAT_IF, D.RUN)})
     st.caption("Mean entropy: the what-if's is each chosen trajectory's entropy stored at collection; the run's is "
-               "under the policy of the replaying step (only a re-scoring gives the what-if that).")
+               "under the policy of the replaying step (a report written with `--rescore` scores both under one "
+               "checkpoint).")
 
     st.subheader("Replays by source bucket against the target")
     buckets = D.bucket_rows(report)
@@ -116,9 +117,12 @@ def show(report: dict, actual: list[dict], name: str) -> None:
     st.altair_chart(charts.lines(steps, "gap", "run", "total variation between a step's replays by bucket and the "
                                  "target", "gap"), width="stretch")
     with st.expander("Per step (table)", expanded=False):
-        st.dataframe(steps, hide_index=True, width="stretch", column_config={"gap": st.column_config.NumberColumn(
-            format="%.3f")})
+        st.dataframe(steps, hide_index=True, width="stretch", column_config={
+            "gap": st.column_config.NumberColumn(format="%.3f"),
+            **{c: st.column_config.NumberColumn(format="%.4g") for c in D.RESCORED.values()}})
     st.caption("The run's gap is its logged `select/target_gap` when the what-if keeps the run's weights.")
+    if D.rescored(report) is not None:
+        rescore_part(report, steps)
 
     ages, ents = D.distributions(report, actual)
     left, right = st.columns(2)
@@ -130,6 +134,18 @@ def show(report: dict, actual: list[dict], name: str) -> None:
         right.info("No replayed trajectory here has an entropy.")
     else:
         right.altair_chart(entropy_chart(ents), width="stretch")
+
+
+def rescore_part(report: dict, steps: pd.DataFrame) -> None:
+    """A `--rescore` report: each side's replayed trajectories under the checkpoint, per step."""
+    st.subheader("Per step: how far the policy has moved from the replays' behaviour")
+    scored = steps.dropna(subset=["token log-ratio"])
+    st.altair_chart(charts.lines(scored, "token log-ratio", "run", "mean token log pi / pi_behaviour of a step's "
+                                 "replays under the checkpoint", "token log-ratio"), width="stretch")
+    st.caption(f"Re-scored under {D.rescored_under(report)}: log-ratios against the stored behaviour log-probs "
+               "(0: the policy that sampled them), the replay loss's weight per token (f(w) = w / (w + beta) with "
+               "policy shaping), H(o) under the checkpoint beside the stored one, and the share of drawn questions "
+               "whose lowest-entropy trajectory changes; the numbers are in the per-step table.")
 
 
 def age_chart(ages: pd.DataFrame) -> alt.Chart:

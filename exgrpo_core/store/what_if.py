@@ -7,8 +7,9 @@ collected at an earlier step; its bucket is the k of its latest earlier group, w
 `buffer.zero_success` rule. The rebuilt pool sizes are checked against the run's own
 `buffer/questions` metric. The policy's question draw (`selection.sample_questions`) and trajectory
 choice (`selection.choose_trajectory`) then run on it; trajectories are chosen by their stored entropy
-(at collection: the run chose by the entropy under the policy of the step, which only a re-scoring
-could give). Runs with a retired-set review are refused (their retirement history is not rebuilt).
+(at collection: the run chose by the entropy under the policy of the step, which a re-scoring under
+that step's checkpoint gives, exgrpo_core/run/rescore.py). Runs with a retired-set review are refused
+(their retirement history is not rebuilt).
 """
 
 from __future__ import annotations
@@ -70,12 +71,11 @@ def pools(data: dict, keep_bucket_on_zero: bool) -> dict[int, dict[int, list[int
 def replay(data: dict, pool: dict[int, dict[int, list[int]]], steps: list[int], n: int, weights: dict[int, float],
            per_question: bool, trajectory: str, seed: int, max_age: int | None = None,
            half_life: float | None = None) -> list[dict]:
-    """The policy's draws at each step of `steps`: [{step, questions, buckets, ages, entropies}]; with
-    `max_age` / `half_life` under the age rules (algorithm/age.py), as the loop draws then."""
+    """The policy's draws at each step of `steps`: [{step, questions, buckets, ages, entropies, trajectories}]
+    (trajectories: the chosen id of each question, None where it had none to choose); with `max_age` /
+    `half_life` under the age rules (algorithm/age.py), as the loop draws then."""
     rng = random.Random(seed)
-    cands: dict[int, list] = {}
-    for tid, qid, step, collected, entropy in data["experiences"]:
-        cands.setdefault(qid, []).append((collected, tid, step, entropy))
+    cands = candidates(data)
     out = []
     for t in steps:
         buckets = pool.get(t, {})
@@ -87,17 +87,31 @@ def replay(data: dict, pool: dict[int, dict[int, list[int]]], steps: list[int], 
                       for q in qs}
             aged = {k: [(q, t - newest[q]) for q in qs if newest[q] is not None] for k, qs in buckets.items()}
             drawn = age.sample_aged_questions(aged, n, weights, rng, per_question, max_age, half_life)
-        ages, ents = [], []
+        ages, ents, tids = [], [], []
         for q in drawn:
-            options = [c for c in cands.get(q, []) if c[0] < t and c[3] is not None
-                       and age.young_enough(t - c[2], max_age)]
+            options = options_at(cands, q, t, max_age)
             if options:
                 i = selection.choose_trajectory([c[3] for c in options], trajectory, rng)
                 ages.append(t - options[i][2])
                 ents.append(options[i][3])
+            tids.append(options[i][1] if options else None)
         out.append({"step": t, "questions": drawn, "buckets": [bucket_of[q] for q in drawn], "ages": ages,
-                    "entropies": ents})
+                    "entropies": ents, "trajectories": tids})
     return out
+
+
+def candidates(data: dict) -> dict[int, list[tuple]]:
+    """{question id: [(collected step, trajectory id, sampled step, stored entropy)]} of the run's experiences."""
+    cands: dict[int, list] = {}
+    for tid, qid, step, collected, entropy in data["experiences"]:
+        cands.setdefault(qid, []).append((collected, tid, step, entropy))
+    return cands
+
+
+def options_at(cands: dict[int, list[tuple]], q: int, t: int, max_age: int | None = None) -> list[tuple]:
+    """The stored trajectories of question `q` a draw at step `t` chooses from (`candidates` entries):
+    collected before t, with an entropy, young enough under `max_age`."""
+    return [c for c in cands.get(q, []) if c[0] < t and c[3] is not None and age.young_enough(t - c[2], max_age)]
 
 
 def actual(data: dict) -> list[dict]:
@@ -109,14 +123,16 @@ def actual(data: dict) -> list[dict]:
             drawn.setdefault(step, []).append(last.get(qid))
         last[qid] = k
     per: dict[int, dict] = {}
-    for step, qid, _tid, entropy, sampled in data["replays"]:
-        d = per.setdefault(step, {"step": step, "questions": [], "ages": [], "entropies": []})
+    for step, qid, tid, entropy, sampled in data["replays"]:
+        d = per.setdefault(step, {"step": step, "questions": [], "ages": [], "entropies": [], "trajectories": []})
         d["questions"].append(qid)
+        d["trajectories"].append(tid)
         d["ages"].append(step - sampled)
         if entropy is not None:
             d["entropies"].append(entropy)
     for step, ks in drawn.items():
-        per.setdefault(step, {"step": step, "questions": [], "ages": [], "entropies": []})["buckets"] = ks
+        per.setdefault(step, {"step": step, "questions": [], "ages": [], "entropies": [], "trajectories": []})[
+            "buckets"] = ks
     return [{**per[s], "buckets": per[s].get("buckets", [])} for s in sorted(per)]
 
 

@@ -166,3 +166,27 @@ def test_a_report_path_of_another_run_or_not_a_report_is_explained(tiny, page, t
     assert [w.value for w in at.warning] == [want]
     at.text_input[0].input(str(junk)).run()
     assert len(at.error) == 1 and at.error[0].value.startswith(f"{junk} is not a replay-what-if report")
+
+
+def test_a_rescored_report_shows_its_per_step_numbers_under_the_checkpoint(tiny, page, tmp_path):
+    url, ids, _ = tiny
+    path = tmp_path / "rescored.json"
+    args = argparse.Namespace(config="tiny", set=[f"run.output_dir={tmp_path}", *SMALL], run="wi", db_url=url, seed=0,
+                              out=str(path), rescore="tiny")  # the run's starting weights
+    assert cmd_what_if(args) == 0
+    rs = json.loads(path.read_text())["rescore"]
+    first = [s["seq_log_ratio"] for s in rs["trajectories"].values() if s["sampled_step"] == 0]
+    assert first and max(map(abs, first)) < 1e-4  # sampled by these weights: not moved
+    at = page("wi")
+    at.radio[0].set_value("a report file").run()
+    at.text_input[0].input(str(path)).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert "how far the policy has moved" in shown_text(at) and "`tiny`, at temperature 1" in shown_text(at)
+    steps = frame(at, "gap").set_index(["step", "run"])
+    assert "token log-ratio" in steps.columns
+    for r in rs["per_step"]:
+        shown = steps.loc[(M.step_number(r["step"]), D.ARMS[r["arm"]])]
+        assert shown["token log-ratio"] == pytest.approx(r["token_log_ratio"])
+        assert shown["loss weight"] == pytest.approx(r["weight"])
+    plain = frame(at, "measure")  # the summary table stays as without a re-scoring
+    assert list(plain.columns) == ["measure", D.WHAT_IF, D.RUN]
