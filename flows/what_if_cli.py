@@ -98,7 +98,7 @@ def rescore_table(rs: dict) -> Table:
     weight = "f(w) per token" if rs["shaping_beta"] is not None else "w per token"
     for label, key, f in (("trajectories", "trajectories", "d"), ("log-ratio, sequence", "seq_log_ratio", ".4f"),
                           ("log-ratio, token mean", "token_log_ratio", ".4f"), (weight, "weight", ".4f"),
-                          ("entropy (checkpoint)", "entropy", ".4f"), ("entropy (stored)", "stored_entropy", ".4f"),
+                          ("entropy (checkpoint)", "entropy", ".4g"), ("entropy (stored)", "stored_entropy", ".4g"),
                           ("lowest-entropy choice changed", "lowest_changed", ".0%")):
         table.add_row(label, fmt(wi[key], f), fmt(ac[key], f))
     return table
