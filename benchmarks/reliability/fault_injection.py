@@ -144,6 +144,8 @@ def run_until_done(cmd: list[str], env: dict, root: Path, kills: list[tuple[str,
     while out["attempts"] < max_attempts:
         out["attempts"] += 1
         log_path = root / f"attempt{out['attempts']}.log"
+        for mark in ckpt.parent.glob("in_flight_*"):  # slow_sampler.py's marks of an earlier attempt
+            mark.unlink()
         log = open(log_path, "w")
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         killed = _wait_kill(proc, pending.pop(0), ckpt) if pending else None
