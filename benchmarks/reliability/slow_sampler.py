@@ -45,7 +45,9 @@ def patch(delay_s: float, run_dir: Path) -> None:
         job = ahead.job if ahead is not None else None
         if job is not None:
             alive = job.thread is not None and job.thread.is_alive()
-            (run_dir / f"in_flight_{job.plan.step - 1}").write_text("alive" if alive else "done")
+            tmp = run_dir / f".in_flight_{job.plan.step - 1}"
+            tmp.write_text("alive" if alive else "done")
+            tmp.rename(run_dir / tmp.name[1:])  # whole when the harness sees it
             waiting.set()
         return state(ahead)
 
