@@ -121,7 +121,7 @@ def make_sampler(engine, kind: str = "thread"):
     if kind == "process":
         from exgrpo_core.rollout.sampler_process import ProcessSampler
 
-        return ProcessSampler(engine)
+        return ProcessSampler(engine, Prefetch)
     return Sampler(engine)
 
 

@@ -84,8 +84,10 @@ def _serve(conn, engine, parent: int, kernel: bool, threads: int) -> None:
 class ProcessSampler:
     """The transformers engine's background sampler in a child process (module docstring)."""
 
-    def __init__(self, engine, ctx=None):
+    def __init__(self, engine, prefetch, ctx=None):
+        """`prefetch`: the job class `start` returns (overlap.Prefetch: plan, version, gens, error, thread)."""
         ctx = ctx or mp.get_context("spawn")
+        self.prefetch = prefetch
         child_engine = copy.copy(engine)
         child_engine.model = copy.deepcopy(engine.model).eval().requires_grad_(False)
         child_engine.model.share_memory()  # CPU tensors to shared memory (CUDA ones go by IPC handle)
@@ -120,6 +122,11 @@ class ProcessSampler:
         self.version += 1
         return sums
 
+    def died(self) -> SamplerProcessError:
+        self.proc.join(timeout=5)
+        return SamplerProcessError(f"the overlap sampler process (pid {self.proc.pid}) died (exit code "
+                                   f"{self.proc.exitcode}); stopping the run")
+
     def receive(self, what: str):
         """The child's next message, which must be `what`; its death or failure raises one clear error."""
         ready = wait_any([self.conn, self.proc.sentinel])  # a message, a closed pipe, or the child's end
@@ -128,9 +135,7 @@ class ProcessSampler:
                 raise EOFError
             kind, value = self.conn.recv()
         except (EOFError, OSError):
-            self.proc.join(timeout=5)
-            raise SamplerProcessError(f"the overlap sampler process (pid {self.proc.pid}) died (exit code "
-                                      f"{self.proc.exitcode}) with a batch in flight; stopping the run") from None
+            raise self.died() from None
         if kind == "error":
             raise SamplerProcessError(f"the overlap sampler process (pid {self.proc.pid}) failed: {value} "
                                       "(its traceback is on stderr)")
@@ -142,14 +147,17 @@ class ProcessSampler:
         """Load the trainer's current weights into the child and let it sample `prompts`; the child's checksums
         are compared with the trainer's as they arrive (before the batch can be taken: `wait` raises
         EngineSyncError on a mismatch), so the trainer does not wait for the child here."""
-        from exgrpo_core.rollout.overlap import Prefetch
-
         if self.busy:
             raise SamplerProcessError("overlap sampler process: a batch is still in flight (take or wait first)")
+        if not self.proc.is_alive():
+            raise self.died()
         mine = self.load(trainer_model)
-        self.conn.send(Request(self.version, list(prompts), list(counts), int(seed), dict(kw)))
+        try:
+            self.conn.send(Request(self.version, list(prompts), list(counts), int(seed), dict(kw)))
+        except OSError:  # BrokenPipeError: it died since
+            raise self.died() from None
         self.busy = True
-        job = Prefetch(plan, version)
+        job = self.prefetch(plan, version)
 
         def work() -> None:
             try:

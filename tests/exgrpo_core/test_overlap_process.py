@@ -1,4 +1,4 @@
-"""rollout.overlap_sampler=process (issue 47, item 3): the transformers engine's overlap sampler in a child process
+"""rollout.overlap_sampler=process: the transformers engine's overlap sampler in a child process
 gives the thread's samples for the same weights, checks the weights it holds, dies as one clear error, stops
 with the session and with a killed trainer."""
 
@@ -16,7 +16,7 @@ import torch
 
 from exgrpo_core import loop
 from exgrpo_core import metrics as M
-from exgrpo_core.rollout.overlap import Sampler
+from exgrpo_core.rollout.overlap import Prefetch, Sampler
 from exgrpo_core.rollout.sampler_process import ProcessSampler, SamplerProcessError
 from exgrpo_core.rollout.sync import EngineSyncError
 from tests.exgrpo_core.test_loop_overlap import _cfg, _open, _run
@@ -39,7 +39,7 @@ def _gone(pid: int) -> bool:
 
 def test_the_process_samples_what_the_thread_samples_from_the_same_weights(tmp_path):
     s = _open(tmp_path, "run.resume=never")
-    proc = ProcessSampler(s.engine)
+    proc = ProcessSampler(s.engine, Prefetch)
     try:
         with torch.no_grad():  # weights the copies were not made from: each start loads the trainer's
             for p in s.engine.model.parameters():
@@ -58,7 +58,7 @@ def test_the_process_samples_what_the_thread_samples_from_the_same_weights(tmp_p
 
 def test_a_copy_the_child_does_not_see_stops_the_run_in_one_line(tmp_path):
     s = _open(tmp_path, "run.resume=never")
-    proc = ProcessSampler(s.engine)
+    proc = ProcessSampler(s.engine, Prefetch)
     try:
         name = next(n for n in proc.shared if n.endswith("norm.weight"))
         proc.shared[name] = proc.shared[name].clone()  # the trainer's copy lands in memory the child does not share
@@ -76,7 +76,7 @@ def test_a_copy_the_child_does_not_see_stops_the_run_in_one_line(tmp_path):
 
 def test_a_child_that_dies_is_one_error_naming_it_not_a_hang(tmp_path):
     s = _open(tmp_path, "run.resume=never")
-    proc = ProcessSampler(s.engine)
+    proc = ProcessSampler(s.engine, Prefetch)
     try:
         proc.start(s.engine.model, None, 0, _prompts(s), [2, 2, 2], 1, **KW).wait()  # started and sampled once
         job = proc.start(s.engine.model, None, 0, _prompts(s, 6), [4] * 6, 1, temperature=1.0, max_new_tokens=400)
@@ -84,6 +84,8 @@ def test_a_child_that_dies_is_one_error_naming_it_not_a_hang(tmp_path):
         with pytest.raises(SamplerProcessError, match=f"process \\(pid {proc.proc.pid}\\) died \\(exit code -9\\)"):
             job.wait()
         assert "\n" not in str(job.error)
+        with pytest.raises(SamplerProcessError, match="died \\(exit code -9\\)"):  # and at the next start
+            proc.start(s.engine.model, None, 0, _prompts(s), [2, 2, 2], 1, **KW)
     finally:
         proc.close()
         s.close()
@@ -111,12 +113,12 @@ def test_the_process_run_trains_as_the_thread_run(tmp_path):
 
 CHILD = """
 import os, sys, torch
-from tests.exgrpo_core.test_overlap_process import _open, _prompts, KW
+from tests.exgrpo_core.test_overlap_process import _open, _prompts, KW, Prefetch
 from exgrpo_core.rollout.sampler_process import ProcessSampler
 if __name__ == "__main__":
     from pathlib import Path
     s = _open(Path(sys.argv[1]), "run.resume=never")
-    proc = ProcessSampler(s.engine)
+    proc = ProcessSampler(s.engine, Prefetch)
     proc.start(s.engine.model, None, 0, _prompts(s), [2, 2, 2], 1, **KW).wait()
     print(proc.proc.pid, flush=True)
     proc.start(s.engine.model, None, 0, _prompts(s), [2, 2, 2], 1, temperature=1.0, max_new_tokens=2000)
