@@ -18,10 +18,12 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_flow_trains_with_overlap_one(tmp_path, prefect_server):
+@pytest.mark.parametrize("sampler", ["thread", "process"])  # rollout.overlap_sampler
+def test_the_flow_trains_with_overlap_one(tmp_path, prefect_server, sampler):
     sets = [f"run.output_dir={tmp_path / 'runs'}", f"run.db_url=sqlite:///{tmp_path / 'exp.db'}",
             f"run.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", "run.name=ov", "run.steps=3",
-            "run.checkpoint_every=1", "rollout.overlap=1", "buffer.store_all_rollouts=true"]
+            "run.checkpoint_every=1", "rollout.overlap=1", "buffer.store_all_rollouts=true",
+            f"rollout.overlap_sampler={sampler}"]
     p = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--config", "configs/tiny.yaml",
                         *sum((["--set", s] for s in sets), [])], cwd=ROOT, env=dict(os.environ),
                        capture_output=True, text=True, timeout=900)
