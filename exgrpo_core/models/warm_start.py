@@ -9,7 +9,7 @@ $EXGRPO_CACHE/tiny-sft-<hash of the settings> (default ~/.cache/exgrpo) and reus
 seed with the same settings; the run's own seed plays no part in it.
 
 Trained weights depend on the CPU (BLAS kernels and vector widths sum in different orders), so the
-arith-fast preset's warm start ships in the repository (`datasets/tiny-sft-<hash>.safetensors`, with
+arith-fast and arith3 presets' warm starts ship in the repository (`datasets/tiny-sft-<hash>.safetensors`, with
 its SHA-256 in `datasets/tiny-sft-<hash>.json`): every machine starts from the same weights, and
 paired comparisons archived on one machine can be continued on another. Other settings are trained.
 """

@@ -83,17 +83,18 @@ def test_warm_start_weights_do_not_depend_on_the_thread_count(tmp_path, monkeypa
     assert shas[0] == shas[1] and torch.get_num_threads() == before
 
 
-def _preset_settings():
+def _preset_settings(preset: str = "arith-fast"):
     from exgrpo_core.config.load import load_config
 
-    m = load_config("arith-fast", []).model
+    m = load_config(preset, []).model
     return m.tiny.model_dump(), m.warm_start.model_dump()
 
 
-def test_the_presets_warm_start_is_shipped_and_used_without_training(tmp_path, monkeypatch):
-    tiny, warm = _preset_settings()
+@pytest.mark.parametrize("preset", ["arith-fast", "arith3"])
+def test_the_presets_warm_start_is_shipped_and_used_without_training(tmp_path, monkeypatch, preset):
+    tiny, warm = _preset_settings(preset)
     shipped = warm_start.shipped_weights(tiny, warm)
-    assert shipped is not None, "arith-fast's warm start must ship in exgrpo_core/data/datasets"
+    assert shipped is not None, f"{preset}'s warm start must ship in exgrpo_core/data/datasets"
     want = json.loads(shipped.with_suffix(".json").read_text())
     assert want["tiny"] == tiny and want["warm"] == warm_start.canonical(warm)
     assert want["version"] == warm_start.FORMAT_VERSION
@@ -103,7 +104,7 @@ def test_the_presets_warm_start_is_shipped_and_used_without_training(tmp_path, m
     assert warm_start.weights_sha256(folder) == want["sha256"]
     assert json.loads((folder / "exgrpo_warm_start.json").read_text())["source"] == shipped.name
     model, tok = load_policy(TINY_SFT, tiny=tiny, warm_start=warm)
-    prompt = tok.apply_chat_template([{"role": "user", "content": arith.question_text("+", 47, 38)}],
+    prompt = tok.apply_chat_template([{"role": "user", "content": arith.question_text("+", 47, 38)}],  # both tasks' form
                                      add_generation_prompt=True, tokenize=False)
     ids = tok(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
     out = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=tok.pad_token_id)
