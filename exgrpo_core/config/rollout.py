@@ -54,10 +54,11 @@ class RolloutConfig(_Section):
             data = {**data, "decoder": "eager"}  # the eager decoder's former name
         return data
 
-    overlap: Literal[0, 1] = 0
-    """Steps the sampler runs ahead of the trainer: 0, the paper's synchronous loop; 1: step t+1's fresh
-    rollouts are sampled while step t trains, from the weights step t started with (rollout/overlap.py;
-    the transformers engine and the remote one; colocated vLLM shares the GPU and stays synchronous)."""
+    overlap: int = Field(default=0, ge=0, le=8)
+    """Steps the sampler runs ahead of the trainer: 0, the paper's synchronous loop; N >= 1: while step t trains,
+    the fresh rollouts of steps up to t+N are sampled, step t+N's from the weights step t started with
+    (rollout/overlap.py; the transformers engine and the remote one, N > 1 on the transformers engine's thread
+    sampler only; colocated vLLM shares the GPU and stays synchronous)."""
     overlap_sampler: Literal["thread", "process"] = "thread"
     """(overlap, transformers engine) Where step t+1's batch is sampled: `thread`, a background thread on a copy
     of the model (it shares the GIL with the trainer); `process`, a child process holding the copy in shared
@@ -74,6 +75,13 @@ class RolloutConfig(_Section):
         if self.overlap and self.engine == "transformers" and self.decoder == "generate":
             raise ValueError("rollout.overlap needs the eager or static decoder (rollout.decoder=auto): transformers' "
                              "generate draws from torch's global generator, shared with the trainer's thread")
+        if self.overlap > 1 and self.engine == "remote":
+            raise ValueError(f"rollout.overlap={self.overlap} with rollout.engine=remote: each push pauses the server "
+                             "until the batch sent last has finished, so the server runs one batch ahead at most "
+                             "(set rollout.overlap=1)")
+        if self.overlap > 1 and self.overlap_sampler == "process":
+            raise ValueError(f"rollout.overlap={self.overlap} with rollout.overlap_sampler=process: the sampler process "
+                             "holds one batch at a time (set rollout.overlap=1, or rollout.overlap_sampler=thread)")
         if self.overlap_sampler == "process" and self.engine != "transformers":
             raise ValueError(f"rollout.overlap_sampler=process is for the transformers engine; with rollout.engine="
                              f"{self.engine} the sampler is the engine itself (set rollout.overlap_sampler=thread)")

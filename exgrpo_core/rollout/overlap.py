@@ -1,12 +1,13 @@
-"""`rollout.overlap = 1`: step t+1's fresh rollouts are sampled while step t trains (first increment).
+"""`rollout.overlap = N`: the fresh rollouts of steps up to t+N are sampled while step t trains.
 
 After step t's buffer update and trajectory selection, `start_next` plans step t+1's batch and samples it in a
 background thread, on a copy of the policy holding the weights step t started with (torch ops release the
 GIL), with its own random stream seeded from the run's rng; step t trains meanwhile and step t+1 takes the
 rollouts (`take`). The copy's weights are the policy version the rollouts record (`Rollout.step`, the
 database's step column: the step whose starting weights sampled them). A batch older than
-`rollout.max_staleness` steps is dropped, counted and sampled again. Checkpoints wait for the batch in flight
-and store it (`state`), so a resumed run trains on the rollouts the uninterrupted run did.
+`rollout.max_staleness` steps is dropped, counted and sampled again. Checkpoints wait for the batches in flight
+and store them (`state`), so a resumed run trains on the rollouts the uninterrupted run did. With N > 1 the
+thread sampler takes the batches in turn, each on a snapshot of the weights its planning step started with.
 On the remote engine the rollout server is the sampler (`ServerSampler`): step t+1's requests go to it while
 step t trains, and step t's push waits for them first (`wait`), since the push pauses the server and changes
 its weights; each output must carry the weight version the batch was sent under.
@@ -50,10 +51,16 @@ class Prefetch:
 
 @dataclass
 class Ahead:
-    """The session's overlap state: the sampler copy (made at the first overlapped step) and the batch in flight."""
+    """The session's overlap state: the sampler (made at the first overlapped step) and the batches in flight,
+    in step order."""
 
     sampler: Sampler | None = None
-    job: Prefetch | None = None
+    jobs: list[Prefetch] = field(default_factory=list)
+
+    @property
+    def job(self) -> Prefetch | None:
+        """The next batch to be trained on."""
+        return self.jobs[0] if self.jobs else None
 
 
 class Sampler:
@@ -63,15 +70,26 @@ class Sampler:
         self.engine = copy.copy(engine)
         self.engine.model = copy.deepcopy(engine.model)
         self.engine.inference, self.engine.static = InferenceCopy(), StaticDecoder()
+        self.last: threading.Thread | None = None  # the thread of the batch started last
 
     def start(self, trainer_model, plan, version: int, prompts, counts, seed: int, **kw) -> Prefetch:
-        """Load the trainer's current weights, then sample `prompts` in a thread."""
+        """Load the trainer's current weights, then sample `prompts` in a thread; while an earlier batch is still
+        sampling (overlap > 1), the thread waits for it, then loads a snapshot of the weights taken now."""
+        before = self.last if self.last is not None and self.last.is_alive() else None
+        snapshot = None
         with torch.no_grad():
-            self.engine.model.load_state_dict(trainer_model.state_dict())
+            if before is None:
+                self.engine.model.load_state_dict(trainer_model.state_dict())
+            else:
+                snapshot = {k: v.detach().clone() for k, v in trainer_model.state_dict().items()}
         job = Prefetch(plan, version)
         device = next(self.engine.model.parameters()).device
 
         def work() -> None:
+            if before is not None:
+                before.join()
+                with torch.no_grad():
+                    self.engine.model.load_state_dict(snapshot)
             decode._THREAD.generator = torch.Generator(device=device).manual_seed(seed)
             try:
                 job.gens = self.engine.generate(prompts, counts, **kw)
@@ -80,7 +98,7 @@ class Sampler:
             finally:
                 decode._THREAD.generator = None
 
-        job.thread = threading.Thread(target=work, name="exgrpo-overlap-sampler", daemon=True)
+        job.thread = self.last = threading.Thread(target=work, name="exgrpo-overlap-sampler", daemon=True)
         job.thread.start()
         return job
 
@@ -126,32 +144,38 @@ def make_sampler(engine, kind: str = "thread"):
 
 
 def state(ahead: Ahead | None) -> dict | None:
-    """The batch in flight as plain data for the checkpoint (waits for it)."""
-    job = ahead.job if ahead is not None else None
-    if job is None:
+    """The batches in flight as plain data for the checkpoint (waits for them)."""
+    if ahead is None or not ahead.jobs:
         return None
-    gens = job.wait()
-    return {"plan": asdict(job.plan), "version": job.version, "gens": [[asdict(g) for g in gs] for gs in gens]}
+    return {"jobs": [{"plan": asdict(job.plan), "version": job.version,
+                      "gens": [[asdict(g) for g in gs] for gs in job.wait()]} for job in ahead.jobs]}
 
 
 def from_state(data: dict | None) -> Ahead | None:
-    """The checkpointed batch in flight, finished."""
+    """The checkpointed batches in flight, finished (a checkpoint of overlap 1 from before N > 1 holds one)."""
     if not data:
         return None
-    gens = [[Generation(**g) for g in gs] for gs in data["gens"]]
-    return Ahead(job=Prefetch(BatchPlan(**data["plan"]), data["version"], gens))
+    jobs = [Prefetch(BatchPlan(**j["plan"]), j["version"], [[Generation(**g) for g in gs] for gs in j["gens"]])
+            for j in data.get("jobs", [data])]
+    return Ahead(jobs=jobs)
+
+
+def _job(s, step: int) -> Prefetch | None:
+    jobs = s.ahead.jobs if s.ahead is not None else []
+    return next((j for j in jobs if j.plan.step == step), None)
 
 
 def planned(s):
     """The plan of step s.step when it was planned and sampled ahead, else None."""
-    job = s.ahead.job if s.ahead is not None else None
-    return job.plan if job is not None and job.plan.step == s.step else None
+    job = _job(s, s.step)
+    return job.plan if job is not None else None
 
 
 def wait(s) -> None:
-    """Let the batch in flight finish (its result is kept)."""
-    if s.ahead is not None and s.ahead.job is not None and s.ahead.job.thread is not None:
-        s.ahead.job.thread.join()
+    """Let the batches in flight finish (their results are kept)."""
+    for job in s.ahead.jobs if s.ahead is not None else []:
+        if job.thread is not None:
+            job.thread.join()
 
 
 def bound(cfg) -> int:
@@ -162,10 +186,10 @@ def bound(cfg) -> int:
 def take(s, plan) -> tuple[list[list[Generation]] | None, int, int]:
     """The groups sampled ahead for `plan` (None: sample now), the policy version that sampled them, and
     1 when a batch older than the bound was dropped (its plan is sampled again, now)."""
-    job = s.ahead.job if s.ahead is not None else None
-    if job is None or job.plan.step != plan.step:
+    job = _job(s, plan.step)
+    if job is None:
         return None, plan.step, 0
-    s.ahead.job = None
+    s.ahead.jobs.remove(job)
     gens = job.wait()
     if plan.step - job.version > bound(s.cfg.rollout):
         return None, plan.step, 1
@@ -173,23 +197,31 @@ def take(s, plan) -> tuple[list[list[Generation]] | None, int, int]:
 
 
 def start_next(s, plan_batch) -> None:
-    """Plan step s.step + 1 and start sampling it from the current weights (the ones step s.step started
-    with), unless overlap is off or this is the run's last step."""
+    """Plan the steps after s.step up to s.step + N (rollout.overlap) that are not planned yet, and start
+    sampling each from the current weights (the ones step s.step started with); none past the run's last step."""
     cfg = s.cfg
-    if not cfg.rollout.overlap or s.step + 1 >= cfg.run.steps or planned(s) is not None:
+    if not cfg.rollout.overlap:
         return
+    planned_up_to = max([s.step] + [j.plan.step for j in (s.ahead.jobs if s.ahead is not None else [])])
+    for step in range(planned_up_to + 1, min(s.step + cfg.rollout.overlap, cfg.run.steps - 1) + 1):
+        _start(s, plan_batch, step)
+
+
+def _start(s, plan_batch, step: int) -> None:
+    """Plan `step` (as if it had begun) and start sampling it from the current weights."""
+    cfg = s.cfg
     if s.ahead is None or s.ahead.sampler is None:
         s.ahead = s.ahead or Ahead()
         s.ahead.sampler = sampler = make_sampler(s.engine, cfg.rollout.overlap_sampler)
         s._closers.append(lambda: (wait(s), sampler.close()))  # no sampler thread or process outlives the session
-    s.step += 1
+    now, s.step = s.step, step
     try:
         plan = plan_batch(s)
     finally:
-        s.step -= 1
+        s.step = now
     K = cfg.rollout.group_size
     uids = plan.fresh + plan.replay
     counts = [K] * len(plan.fresh) + [K - (cfg.buffer.replay_mode == "trajectory")] * len(plan.replay)
-    s.ahead.job = s.ahead.sampler.start(
+    s.ahead.jobs.append(s.ahead.sampler.start(
         getattr(s.engine, "model", None), plan, s.step, [s.prompt_ids(u) for u in uids], counts, s.rng.getrandbits(63),
-        temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_response_tokens)
+        temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_response_tokens))
