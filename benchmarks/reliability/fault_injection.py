@@ -4,6 +4,7 @@ finishes, and compare the end state with an uninterrupted run of the same comman
     nice -n 19 python benchmarks/reliability/fault_injection.py --trials 20 --db sqlite
     nice -n 19 python benchmarks/reliability/fault_injection.py --trials 10 --db postgres   # 127.0.0.1:5432, user postgres
     nice -n 19 python benchmarks/reliability/fault_injection.py --trials 4 --steps 6 --overlap 1   # rollout.overlap=1
+    nice -n 19 python benchmarks/reliability/fault_injection.py --trials 3 --steps 4 --overlap 1 --sampler process
 
 Each run: the tiny preset, `run.checkpoint_every=1`, Prefect's ephemeral API (PREFECT_API_URL unset),
 local MLflow (SQLite), the experience database on SQLite or a fresh PostgreSQL database. Kills are
@@ -15,16 +16,19 @@ SIGKILL to the `exgrpo train` process only (never its process group), of four ki
     belongs to that step (metrics, monitors, pictures, perf/checkpoint_s) must already be recorded;
   - in_flight (`--overlap 1`, a third of the kills): the moment a random step's checkpoint begins to wait for
     the batch sampled ahead; such a trial runs through slow_sampler.py, whose sampler sleeps SLOW_SAMPLER_S
-    before each batch, so the batch is still being sampled then (`batch_in_flight` says it was).
+    before each batch, so the batch is still being sampled then (`batch_in_flight` says it was); with
+    `--sampler process` (rollout.overlap_sampler=process) the trainer's thread receiving the child's batch
+    holds it instead, so the batch is not yet received then (the child may have finished sampling it).
 After each kill, every process of the killed command's session must be gone within 30 s (else it is
-counted as leaked, and killed). Per trial, the final state against the reference run:
+counted as leaked, and killed): the process sampler's child (multiprocessing spawn) is in that session. Per trial, the final state against the reference run:
   - weights: SHA-256 over the final checkpoint's tensors (and over the optimiser's);
   - rows: every row of every experience table, ids replaced by their insertion rank, timestamps,
     run ids and paths left out; lost = in the reference only, extra = in the trial only;
   - MLflow: duplicate points (more than one per metric and step), (metric, step) pairs missing or extra;
   - orphaned runs: database runs of the name other than one `finished`, MLflow runs not FINISHED, any MLflow
     run beyond one (a resume continues the same MLflow run).
-Writes benchmarks/results/fault_injection_<db>.json (`..._overlap1.json` with --overlap 1). Targeted faults
+Writes benchmarks/results/fault_injection_<db>.json (`..._overlap1.json` with --overlap 1,
+`..._overlap1_process.json` with --sampler process as well). Targeted faults
 (the run lock's bypasses, a moved database) are benchmarks/reliability/scenarios.py.
 """
 
@@ -53,14 +57,15 @@ RANKED = {"trajectory_id": "trajectories", "question_id": "questions"}
 
 
 def train_command(root: Path, db_url: str, steps: int, name: str = "fi", mlflow_uri: str | None = None,
-                  overlap: int = 0, slow_sampler_s: float = 0.0) -> list[str]:
-    """`exgrpo train` of the tiny preset in root with `rollout.overlap`; MLflow: `mlflow_uri`, else the SQLite
+                  overlap: int = 0, slow_sampler_s: float = 0.0, sampler: str = "thread") -> list[str]:
+    """`exgrpo train` of the tiny preset in root with `rollout.overlap` and `rollout.overlap_sampler`; MLflow: `mlflow_uri`, else the SQLite
     store root/mlflow.db. `slow_sampler_s` > 0 (overlap 1): through slow_sampler.py, whose sampler sleeps that
     long before each batch it samples ahead and which marks each checkpoint's wait for it (`in_flight` kills)."""
     mlflow_uri = mlflow_uri or f"sqlite:///{root / 'mlflow.db'}"
     sets = [f"run.output_dir={root / 'runs'}", f"run.db_url={db_url}", f"run.name={name}",
             f"run.mlflow_tracking_uri={mlflow_uri}", f"run.steps={steps}",
-            "run.checkpoint_every=1", *([f"rollout.overlap={overlap}"] if overlap else [])]
+            "run.checkpoint_every=1", *([f"rollout.overlap={overlap}"] if overlap else []),
+            *([f"rollout.overlap_sampler={sampler}"] if sampler != "thread" else [])]
     cli = ([str(Path(__file__).with_name("slow_sampler.py")), str(slow_sampler_s)] if slow_sampler_s
            else ["-m", "flows.cli"])
     return [sys.executable, *cli, "train", "--config", "tiny", *sum((["--set", s] for s in sets), [])]
@@ -125,10 +130,12 @@ def _wait_kill(proc: subprocess.Popen, kill: tuple[str, float], ckpt: Path) -> d
         time.sleep(0.05 if kind == "time" else 0.002)
     else:
         return None
+    spawned = [p for p in session_processes(proc.pid) if "multiprocessing.spawn" in _cmdline(p)]  # sampler child
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     in_write = ckpt.is_dir() and any(p.name.startswith(".tmp_step_") for p in ckpt.iterdir())
-    out = {"kind": kind, "at": arg, "after_s": round(time.monotonic() - start, 2), "in_checkpoint_write": in_write}
+    out = {"kind": kind, "at": arg, "after_s": round(time.monotonic() - start, 2), "in_checkpoint_write": in_write,
+           "spawned_children": len(spawned)}
     if kind == "in_flight":  # the sampler thread was still running when the checkpoint began to wait for it
         mark = ckpt.parent / f"in_flight_{int(arg)}"
         out["batch_in_flight"] = mark.read_text() == "alive"
@@ -151,7 +158,9 @@ def run_until_done(cmd: list[str], env: dict, root: Path, kills: list[tuple[str,
         killed = _wait_kill(proc, pending.pop(0), ckpt) if pending else None
         if killed is not None:
             out["kills"].append(killed)
+            t0 = time.monotonic()
             out["leaked"] += leaked_after_kill(proc.pid)
+            killed["session_gone_s"] = round(time.monotonic() - t0, 2)  # 30 s or more: something was leaked
             log.close()
             continue
         proc.wait()
@@ -286,7 +295,8 @@ def drop_created() -> None:
     _scratch.close()
 
 
-def reference_run(work: Path, steps: int, backend: str = "sqlite", overlap: int = 0) -> tuple[dict, float, dict]:
+def reference_run(work: Path, steps: int, backend: str = "sqlite", overlap: int = 0,
+                  sampler: str = "thread") -> tuple[dict, float, dict]:
     """An uninterrupted run in work/reference: the environment the trials share (Prefect home work/prefect),
     its duration in seconds and its end state."""
     env = environment(work / "prefect")
@@ -294,7 +304,7 @@ def reference_run(work: Path, steps: int, backend: str = "sqlite", overlap: int 
     root.mkdir(parents=True)
     db = db_for(backend, root)
     t0 = time.monotonic()
-    run = run_until_done(train_command(root, db, steps, overlap=overlap), env, root, [])
+    run = run_until_done(train_command(root, db, steps, overlap=overlap, sampler=sampler), env, root, [])
     assert run["finished"], run["failures"]
     assert not run["leaked"], run["leaked"]
     return env, time.monotonic() - t0, final_state(root, db)
@@ -320,6 +330,7 @@ def _save(args, duration: float, trials: list[dict]) -> None:
                "kills_in_checkpoint_write": sum(k["in_checkpoint_write"] for t in trials for k in t["kills"]),
                "kills_in_flight": sum(k["kind"] == "in_flight" for t in trials for k in t["kills"]),
                "kills_batch_in_flight": sum(k.get("batch_in_flight", False) for t in trials for k in t["kills"]),
+               "kills_with_spawned_child": sum(k.get("spawned_children", 0) > 0 for t in trials for k in t["kills"]),
                "finished": sum(t["finished"] for t in trials), "exact_resumes": sum(t["exact"] for t in trials),
                "rows_lost": sum(t.get("rows_lost", 0) for t in trials),
                "rows_extra": sum(t.get("rows_extra", 0) for t in trials),
@@ -328,10 +339,11 @@ def _save(args, duration: float, trials: list[dict]) -> None:
                "orphaned_runs": sum(t.get("orphaned_runs", 0) for t in trials),
                "leaked_processes": sum(len(t["leaked"]) for t in trials)}
     print(summary, flush=True)
-    name = f"fault_injection_{args.db}" + (f"_overlap{args.overlap}" if args.overlap else "")
-    save_result(f"{name}.json", {"db": args.db, "overlap": args.overlap, "steps": args.steps, "seed": args.seed,
-                                                     "reference_s": round(duration, 1), "summary": summary,
-                                                     "trials": trials})
+    name = f"fault_injection_{args.db}" + (f"_overlap{args.overlap}" if args.overlap else "") \
+        + (f"_{args.sampler}" if args.sampler != "thread" else "")
+    save_result(f"{name}.json", {"db": args.db, "overlap": args.overlap, "sampler": args.sampler,
+                                 "steps": args.steps, "seed": args.seed, "reference_s": round(duration, 1),
+                                 "summary": summary, "trials": trials})
 
 
 def main() -> int:
@@ -343,12 +355,16 @@ def main() -> int:
     ap.add_argument("--max-kills", type=int, default=3, help="kills per trial: 1 to this many")
     ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     ap.add_argument("--overlap", type=int, choices=[0, 1], default=0, help="rollout.overlap of every run")
+    ap.add_argument("--sampler", choices=["thread", "process"], default="thread",
+                    help="rollout.overlap_sampler of every run (process: with --overlap 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")
     args = ap.parse_args()
+    if args.sampler == "process" and not args.overlap:
+        ap.error("--sampler process needs --overlap 1 (without overlap there is no sampler)")
     rng = random.Random(args.seed)
     work = Path(args.work or tempfile.mkdtemp(prefix="fault-injection-"))
-    env, duration, ref = reference_run(work, args.steps, args.db, args.overlap)
+    env, duration, ref = reference_run(work, args.steps, args.db, args.overlap, args.sampler)
     print(f"reference: {duration:.1f} s, {sum(sum(c.values()) for c in ref['rows'].values())} rows, "
           f"{len(ref['mlflow']['points'])} MLflow points")
     trials = []
@@ -358,7 +374,7 @@ def main() -> int:
         db = db_for(args.db, root)
         kills = plan_kills(rng, rng.randint(1, args.max_kills), duration, args.steps, args.overlap)
         slow = SLOW_SAMPLER_S if any(k == "in_flight" for k, _ in kills) else 0.0
-        cmd = train_command(root, db, args.steps, overlap=args.overlap, slow_sampler_s=slow)
+        cmd = train_command(root, db, args.steps, overlap=args.overlap, slow_sampler_s=slow, sampler=args.sampler)
         run = run_until_done(cmd, env, root, kills)
         diff = compare(ref, final_state(root, db)) if run["finished"] else {"exact": False}
         trials.append({"planned": kills, "slow_sampler_s": slow, **run, **diff})

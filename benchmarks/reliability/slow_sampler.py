@@ -7,8 +7,11 @@ the batch in flight (rollout.overlap=1, run.checkpoint_every=1): each checkpoint
 (`overlap.state`) first writes `in_flight_<step>` into the run folder (<step>: the step being checkpointed),
 holding `alive` when the sampler thread is still running then, else `done`; the background sampler, before
 each batch it samples ahead, waits until that checkpoint's wait has begun (at most 120 s), then sleeps
-DELAY_S, so the batch is in flight whatever the machine's load. Waiting and sleeping draw no random number:
-the run's results are those of the plain command. The library is unchanged.
+DELAY_S, so the batch is in flight whatever the machine's load. With rollout.overlap_sampler=process the child
+cannot be patched from here: the trainer's thread receiving its batch (`ProcessSampler.receive` of "gens") waits
+and sleeps the same way before taking it, so the batch is not yet received (the child may have sampled it).
+Waiting and sleeping draw no random number: the run's results are those of the plain command. The library is
+unchanged.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def patch(delay_s: float, run_dir: Path) -> None:
-    from exgrpo_core.rollout import overlap
+    from exgrpo_core.rollout import overlap, sampler_process
 
-    init, state = overlap.Sampler.__init__, overlap.state
+    init, state, receive = overlap.Sampler.__init__, overlap.state, sampler_process.ProcessSampler.receive
     waiting = threading.Event()  # set when a checkpoint begins to wait for the batch in flight
 
     def slow_init(self, engine):
@@ -41,6 +44,13 @@ def patch(delay_s: float, run_dir: Path) -> None:
 
         self.engine.generate = slow_generate  # the sampler's own engine copy, never the trainer's
 
+    def slow_receive(self, what):
+        if what == "gens":
+            waiting.wait(timeout=120)
+            waiting.clear()
+            time.sleep(delay_s)
+        return receive(self, what)
+
     def marked_state(ahead):
         job = ahead.job if ahead is not None else None
         if job is not None:
@@ -52,6 +62,7 @@ def patch(delay_s: float, run_dir: Path) -> None:
         return state(ahead)
 
     overlap.Sampler.__init__, overlap.state = slow_init, marked_state
+    sampler_process.ProcessSampler.receive = slow_receive
 
 
 def _run_dir(argv: list[str]) -> Path:

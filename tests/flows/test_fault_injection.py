@@ -122,3 +122,32 @@ def test_overlap_run_killed_while_a_checkpoint_waits_for_the_batch_in_flight_and
     assert run["kills"][0]["batch_in_flight"], run["kills"]  # the sampler thread was still running
     assert not run["kills"][0]["in_checkpoint_write"]  # killed in the wait, before any checkpoint file
     _check(run, diff, kills_expected=2)
+
+
+PARENT = """import multiprocessing as mp, time
+def sleep():
+    time.sleep(120)
+if __name__ == "__main__":
+    p = mp.get_context("spawn").Process(target=sleep, name="exgrpo-overlap-sampler", daemon=True)
+    p.start()
+    print(p.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_the_leak_check_sees_a_spawned_child_that_outlives_its_killed_parent(tmp_path):
+    """The harness itself: a spawned multiprocessing child (as rollout.overlap_sampler=process starts), here
+    without the lifeline, is in the killed command's session, so it is reported as leaked (and killed)."""
+    import signal
+    import subprocess
+
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    leaked = fi.leaked_after_kill(proc.pid, within_s=2)
+    assert any(line.split()[0] == str(child) and "spawn_main" in line for line in leaked), leaked
+    assert child not in fi.session_processes(proc.pid)  # the check killed it
