@@ -96,11 +96,10 @@ class ProcessSampler:
         self.shared = tensors(self.model)
         self.device = next(self.model.parameters()).device
         self.conn, child = ctx.Pipe()
-        kernel = threading.current_thread() is threading.main_thread()  # PR_SET_PDEATHSIG is tied to this thread
-        self.proc = ctx.Process(target=_serve, args=(child, child_engine, mp.current_process().pid, kernel,
+        self.proc = ctx.Process(target=_serve, args=(child, child_engine, mp.current_process().pid, True,
                                                      torch.get_num_threads()),
                                 name="exgrpo-overlap-sampler", daemon=True)
-        self.proc.start()
+        lifeline.start_tied(self.proc)  # from a thread as long-lived as this process: PR_SET_PDEATHSIG applies
         child.close()  # the child's end lives in the child only: its death closes the pipe
         self.version = 0  # weight versions written into the shared tensors
         self.busy = False

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import queue
 import signal
 import sys
 import threading
@@ -69,3 +70,46 @@ def _watch(parent: int, poll_s: float) -> None:
 
 def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+_PR_GET_PDEATHSIG = 2
+_spawner: "queue.Queue | None" = None
+_spawner_lock = threading.Lock()
+
+
+def start_tied(proc) -> None:
+    """Start `proc` (a multiprocessing Process) from a thread that lives as long as this process: the main
+    thread, or a daemon thread kept for it, so that a child calling `die_with_parent(kernel=True)` gets
+    PR_SET_PDEATHSIG tied to this process's life, not to a short-lived caller thread (a Prefect task's)."""
+    global _spawner
+    if threading.current_thread() is threading.main_thread():
+        proc.start()
+        return
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = queue.Queue()
+            threading.Thread(target=_spawn_loop, args=(_spawner,), name="exgrpo-spawner", daemon=True).start()
+    done: dict = {"event": threading.Event(), "error": None}
+    _spawner.put((proc, done))
+    done["event"].wait()
+    if done["error"] is not None:
+        raise done["error"]
+
+
+def _spawn_loop(jobs) -> None:
+    while True:
+        proc, done = jobs.get()
+        try:
+            proc.start()
+        except BaseException as e:  # handed to the caller
+            done["error"] = e
+        done["event"].set()
+
+
+def pdeathsig() -> int:
+    """Linux: the signal this process gets when its parent thread ends (0: none, or not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    sig = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_GET_PDEATHSIG, ctypes.byref(sig), 0, 0, 0)
+    return sig.value

@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
 from exgrpo_core.run import lifeline
 
@@ -102,3 +103,40 @@ def test_the_forkserver_module_arms_nothing_outside_a_forkserver():
 
     assert "exgrpo-lifeline" not in {t.name for t in threading.enumerate()}
     assert lifeline.FORKSERVER_PRELOAD == "exgrpo_core.run._forkserver_lifeline"
+
+
+def _report_pdeathsig(q) -> None:
+    lifeline.die_with_parent(kernel=True)
+    q.put(lifeline.pdeathsig())
+    time.sleep(60)
+
+
+@pytest.mark.parametrize("start", ["tied", "plain"])
+def test_a_child_started_from_a_short_lived_thread_outlives_that_thread_only_when_tied(start):
+    """PR_SET_PDEATHSIG fires when the *thread* that started the child ends: `start_tied` starts it from one
+    that lives as long as the process (Prefect runs the training in a task's thread)."""
+    import multiprocessing as mp
+    import threading
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_report_pdeathsig, args=(q,), daemon=True)
+    armed = []
+
+    def starter():
+        lifeline.start_tied(proc) if start == "tied" else proc.start()
+        armed.append(q.get(timeout=120))  # the child armed its kernel lifeline while this thread lived
+
+    t = threading.Thread(target=starter)
+    t.start()
+    t.join()
+    try:
+        assert armed == [signal.SIGKILL]
+        for _ in range(30):  # the kernel's SIGKILL, if any, lands at once; give it 3 s
+            if not proc.is_alive():
+                break
+            time.sleep(0.1)
+        assert proc.is_alive() == (start == "tied")
+    finally:
+        proc.kill()
+        proc.join()
