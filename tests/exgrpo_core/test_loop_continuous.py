@@ -54,7 +54,7 @@ def test_a_continuous_run_buckets_by_spread_and_replays_stored_rewards(tmp_path,
         with s.store.engine.connect() as conn:
             T, G = Trajectory, GroupResultRow
             trajs = conn.execute(select(T.id, T.question_id, T.collected_step, T.reward, T.in_pool, T.retired,
-                                        T.verifier, T.verify_reason).where(T.run_id == s.run_id)).all()
+                                        T.verifier, T.verify_reason, T.text).where(T.run_id == s.run_id)).all()
             buckets = {(st, q): k for st, q, k in conn.execute(select(G.step, G.question_id, G.k).where(
                 G.run_id == s.run_id))}
     finally:
@@ -71,7 +71,8 @@ def test_a_continuous_run_buckets_by_spread_and_replays_stored_rewards(tmp_path,
         assert [buckets[(step, q)] for q in groups] == expected
         for q, g in fresh.items():
             mean = sum(t.reward for t in g) / 4
-            assert {t.id for t in g if t.in_pool or t.retired} == {t.id for t in g if t.reward > mean} or \
+            pooled = [t.text for t in g if t.in_pool or t.retired]  # above the mean, one per distinct response
+            assert (len(pooled) == len(set(pooled)) and set(pooled) == {t.text for t in g if t.reward > mean}) or \
                 buckets[(step, q)] == 0  # bucket 0 (least spread) is not collected (collect_min_k=1)
     stored = {t.id: t.reward for t in trajs}
     replays = [r for step in mixed for r in step.values()]
