@@ -7,32 +7,21 @@ from __future__ import annotations
 import pytest
 import torch
 from sqlalchemy import select
+from test_loop_overlap import _cfg as _cfg_4_steps
+from test_loop_overlap import _open as _open_4_steps
+from test_loop_overlap import _weights
 
 from exgrpo_core import loop
 from exgrpo_core import metrics as M
-from exgrpo_core.config.load import load_config
-from exgrpo_core.run.session import open_session
 from exgrpo_core.store.tables import Trajectory as T
 
 
-def half_right(texts, answers):
-    return [(1.0, "correct") if i % 2 == 0 else (0.0, "wrong") for i in range(len(texts))]
-
-
 def _cfg(tmp_path, *extra):
-    return load_config("tiny", [f"run.output_dir={tmp_path}", f"run.db_url=sqlite:///{tmp_path / 'x.db'}",
-                                "rollout.max_response_tokens=4", "rollout.group_size=4", "train.batch_size=8",
-                                "train.mini_batch_size=4", "buffer.start_threshold=0", "run.steps=5",
-                                "train.lr=1e-3", *extra])
+    return _cfg_4_steps(tmp_path, "run.steps=5", *extra)
 
 
 def _open(tmp_path, *extra):
-    torch.manual_seed(0)
-    return open_session(_cfg(tmp_path, *extra), verify=half_right)
-
-
-def _weights(s):
-    return {k: v.detach().clone() for k, v in s.accelerator.unwrap_model(s.model).state_dict().items()}
+    return _open_4_steps(tmp_path, "run.steps=5", *extra)
 
 
 def test_two_ahead_each_batch_is_sampled_by_the_weights_its_planning_step_started_with(tmp_path):
