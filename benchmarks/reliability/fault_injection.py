@@ -110,6 +110,9 @@ def leaked_after_kill(sid: int, within_s: float = 30.0) -> list[str]:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    gone_by = time.monotonic() + 10.0  # a SIGKILLed process takes a moment to become a zombie under load
+    while set(alive) & set(session_processes(sid)) and time.monotonic() < gone_by:
+        time.sleep(0.05)
     return leaked
 
 
