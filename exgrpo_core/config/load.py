@@ -1,11 +1,13 @@
 """Load an `ExGRPOConfig` from a YAML preset plus `--set dotted.key=value` overrides.
 
 Presets live in `configs/`; a bare name (`tiny`) resolves there, a path is read as is. Override
-values are parsed as YAML scalars (`3`, `1e-6`, `true`, `null`, `[1, 2]`). Errors name the key.
+values are parsed as YAML scalars (`3`, `1e-6`, `true`, `null`, `[1, 2]`), except that a string-typed key
+keeps `off` or `2026` as written. Errors name the key.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Set each dotted key in a nested dict (creating sections as needed)."""
     for item in overrides:
         path, value = parse_override(item)
+        if isinstance(value, (bool, int, float)) and ".".join(path) in _string_keys():
+            value = item.split("=", 1)[1].strip()  # `run.name=off` / `=2026` is a name, not False / 2026
         node = data
         for part in path[:-1]:
             nxt = node.setdefault(part, {})
@@ -58,8 +62,42 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+@functools.cache
+def _key_types() -> dict[str, frozenset[str]]:
+    """Every leaf key's accepted value types, as words (`{"int", "null"}`, `{"auto", "on", "off"}`)."""
+    return {k.key: frozenset(k.type.split(" | ")) for k in config_keys()}
+
+
+def _string_keys() -> set[str]:
+    """Keys whose only value types are strings (and null): an unquoted `off`, `123` there stays text."""
+    return {key for key, types in _key_types().items() if types <= {"str", "null"}}
+
+
+def _stray_booleans(data: dict) -> list[str]:
+    """Keys given a YAML boolean (`off`, `no`, `yes`, `true`) that take no boolean: pydantic would read
+    `seed: off` as 0, so each is an error naming the key."""
+    types = _key_types()
+    out = []
+
+    def walk(prefix: str, node: dict) -> None:
+        for name, value in node.items():
+            key = f"{prefix}{name}"
+            if isinstance(value, dict) and key not in types:
+                walk(f"{key}.", value)
+            elif isinstance(value, bool) and key in types and not types[key] & {"bool", "on", "off"}:
+                hint = "; quote it to mean the text" if types[key] & {"str"} else ""
+                out.append(f"  {key}: {str(value).lower()} is a boolean in YAML (off/no/yes/on too), and this "
+                           f"key takes {' | '.join(sorted(types[key]))}{hint}")
+
+    walk("", data)
+    return out
+
+
 def build_config(data: dict, source: str = "config") -> ExGRPOConfig:
     """Validate a nested dict into the config tree with readable errors."""
+    stray = _stray_booleans(data)
+    if stray:
+        raise ConfigError(f"invalid {source}:\n" + "\n".join(stray))
     try:
         return ExGRPOConfig.model_validate(data)
     except ValidationError as e:

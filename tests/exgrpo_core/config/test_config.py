@@ -95,3 +95,22 @@ def test_ambiguous_uniform_weighting_names_the_two_choices():
         load_config("tiny", ["selection.question_weighting=uniform"])
     assert load_config("tiny", ["selection.question_weighting=question_uniform"]).selection.question_weighting \
         == "question_uniform"
+
+
+@pytest.mark.parametrize("raw", ["off", "yes", "2026", "1e3"])
+def test_a_string_key_keeps_an_unquoted_word_or_number_as_written(raw):
+    cfg = load_config("tiny", [f"run.name={raw}", "run.seed=7", "run.db_url=null"])
+    assert cfg.run.name == raw and cfg.run.seed == 7 and cfg.run.db_url is None
+    with pytest.raises(ConfigError, match="run.seed"):
+        load_config("tiny", ["run.seed=off"])  # a typed key still refuses a word
+
+
+def test_a_yaml_boolean_at_a_number_or_text_key_is_an_error_naming_it(tmp_path):
+    preset = tmp_path / "mine.yaml"
+    preset.write_text("run:\n  seed: off\n  name: no\ntrain:\n  hsdp: off\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(str(preset))
+    lines = str(err.value).splitlines()[1:]
+    assert len(lines) == 2 and "run.seed: false" in lines[0] and "takes int" in lines[0]
+    assert "run.name" in lines[1] and "quote it" in lines[1]  # train.hsdp takes on/off: no error
+    assert load_config(str(preset), ["run.seed=1", "run.name=no"]).train.hsdp == "off"
