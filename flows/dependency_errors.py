@@ -1,5 +1,6 @@
 """A service a run depends on failing mid-run (issue 35, item 6): the experience database stops answering,
-the MLflow server dies, the disk fills up. The run is recorded failed wherever it still can be
+the MLflow server dies, the disk fills up, rollout.overlap's sampler process dies or its batch runs past
+rollout.overlap_timeout_s. The run is recorded failed wherever it still can be
 (`flows/train.py` `_record_end`); `exgrpo train` then prints one line naming the service and exits with
 `EXIT_CODE`, without a traceback: `quiet_dependency_faults` drops Prefect's task- and flow-failure ERROR
 records of such an exception (the line says it all), found by the exception, never by its text. Every
@@ -71,12 +72,20 @@ def _is_mlflow(exc: BaseException) -> bool:
     return type(exc).__name__ == "RestException" or "API request to" in str(exc)  # answered an error / gave up
 
 
+def _is_sampler(exc: BaseException) -> bool:
+    """The overlap sampler process died or failed, or a batch sampled ahead ran past its timeout."""
+    return type(exc).__module__.startswith("exgrpo_core.rollout") and type(exc).__name__ in (
+        "SamplerProcessError", "OverlapTimeout")
+
+
 def kind(exc: BaseException) -> str | None:
-    """"database", "mlflow" or "disk" when `exc` (or an exception it was raised from) is that dependency
-    failing; None for every other error."""
+    """"database", "mlflow", "disk" or "sampler" when `exc` (or an exception it was raised from) is that
+    dependency failing; None for every other error."""
     for e in _chain(exc):
         if isinstance(e, DependencyError):
             return getattr(e, "kind", None)
+        if _is_sampler(e):
+            return "sampler"
         if _sqlite_full(e):
             return "disk"
         if isinstance(e, DatabaseLostError) or _is_database(e):
@@ -107,6 +116,11 @@ def dependency_error(exc: BaseException, cfg, run_dir: Path, recorded: str) -> D
         err = DependencyError(f"{head}; run '{cfg.run.name}' {recorded}; put the database back (a backup) and "
                               f"rerun the same command to resume from the last checkpoint, or move {run_dir} "
                               "aside to start the run again")
+        err.kind = what
+        return err
+    if what == "sampler":  # rollout.overlap's sampler: its line without "; stopping the run (...)"
+        err = DependencyError(f"{_first_line(cause).split('; stopping')[0]}; run '{cfg.run.name}' {recorded}; "
+                              "rerun the same command to resume from the last checkpoint")
         err.kind = what
         return err
     if what == "database":

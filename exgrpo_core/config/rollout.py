@@ -63,6 +63,9 @@ class RolloutConfig(_Section):
     """(overlap, transformers engine) Where step t+1's batch is sampled: `thread`, a background thread on a copy
     of the model (it shares the GIL with the trainer); `process`, a child process holding the copy in shared
     memory, its weights written and checked (float64 checksums) at each start (rollout/sampler_process.py)."""
+    overlap_timeout_s: float | None = Field(default=None, gt=0)
+    """(overlap) The longest a step waits for its batch sampled ahead: past it the sampler is stopped (the
+    process sampler's child killed) and the run ends in one line, resumable (None: no limit)."""
     max_staleness: int | None = Field(default=None, ge=0)
     """(overlap) A fresh batch sampled more than this many steps before the step that trains it is dropped,
     counted (rollout/stale_dropped) and sampled again; default: `overlap`."""

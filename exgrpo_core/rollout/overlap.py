@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -30,20 +31,43 @@ from exgrpo_core.rollout.static_decode import InferenceCopy, StaticDecoder
 from exgrpo_core.types import BatchPlan, Generation
 
 
+class OverlapTimeout(RuntimeError):
+    """A batch sampled ahead did not arrive within `rollout.overlap_timeout_s`."""
+
+
 @dataclass
 class Prefetch:
-    """A batch sampled ahead: its plan, the policy version that samples it, and (once done) its groups."""
+    """A batch sampled ahead: its plan, the policy version that samples it, and (once done) its groups.
+    `timeout_s`: the longest `finish` waits (None: no limit); `stop`: what stops a sampler that ran past it."""
 
     plan: object
     version: int
     gens: list[list[Generation]] | None = None
     error: BaseException | None = None
     thread: threading.Thread | None = field(default=None, repr=False)
+    timeout_s: float | None = None
+    stop: Callable[[], None] | None = field(default=None, repr=False)
+
+    def finish(self) -> None:
+        """Let the batch finish (its groups or error kept); past `timeout_s` the sampler is stopped and the
+        error is OverlapTimeout, raised now and by every later `wait`."""
+        if self.thread is None:
+            return
+        self.thread.join(self.timeout_s)
+        if self.thread.is_alive():
+            if self.stop is not None:
+                self.stop()
+            step = getattr(self.plan, "step", None)
+            self.error = OverlapTimeout(
+                f"the overlap sampler gave no batch{'' if step is None else f' for step {step}'} within "
+                f"{self.timeout_s:g} s (rollout.overlap_timeout_s); stopping the run (rerun the same command to "
+                "resume from the last checkpoint)")
+        self.thread = None  # a sampler thread that hangs is left behind (daemonic)
+        if isinstance(self.error, OverlapTimeout):
+            raise self.error
 
     def wait(self) -> list[list[Generation]]:
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
+        self.finish()
         if self.error is not None:
             raise self.error
         return self.gens
@@ -172,10 +196,9 @@ def planned(s):
 
 
 def wait(s) -> None:
-    """Let the batches in flight finish (their results are kept)."""
+    """Let the batches in flight finish (their results are kept; past rollout.overlap_timeout_s, OverlapTimeout)."""
     for job in s.ahead.jobs if s.ahead is not None else []:
-        if job.thread is not None:
-            job.thread.join()
+        job.finish()
 
 
 def bound(cfg) -> int:
@@ -207,13 +230,23 @@ def start_next(s, plan_batch) -> None:
         _start(s, plan_batch, step)
 
 
+def _close(s, sampler) -> None:
+    """Let the batches in flight finish, then stop the sampler; one past its timeout is the run's error already."""
+    try:
+        wait(s)
+    except OverlapTimeout:
+        pass
+    finally:
+        sampler.close()
+
+
 def _start(s, plan_batch, step: int) -> None:
     """Plan `step` (as if it had begun) and start sampling it from the current weights."""
     cfg = s.cfg
     if s.ahead is None or s.ahead.sampler is None:
         s.ahead = s.ahead or Ahead()
         s.ahead.sampler = sampler = make_sampler(s.engine, cfg.rollout.overlap_sampler)
-        s._closers.append(lambda: (wait(s), sampler.close()))  # no sampler thread or process outlives the session
+        s._closers.append(lambda: _close(s, sampler))  # no sampler thread or process outlives the session
     now, s.step = s.step, step
     try:
         plan = plan_batch(s)
@@ -222,6 +255,8 @@ def _start(s, plan_batch, step: int) -> None:
     K = cfg.rollout.group_size
     uids = plan.fresh + plan.replay
     counts = [K] * len(plan.fresh) + [K - (cfg.buffer.replay_mode == "trajectory")] * len(plan.replay)
-    s.ahead.jobs.append(s.ahead.sampler.start(
+    job = s.ahead.sampler.start(
         getattr(s.engine, "model", None), plan, s.step, [s.prompt_ids(u) for u in uids], counts, s.rng.getrandbits(63),
-        temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_response_tokens))
+        temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_response_tokens)
+    job.timeout_s = cfg.rollout.overlap_timeout_s
+    s.ahead.jobs.append(job)

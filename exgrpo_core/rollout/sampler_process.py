@@ -157,6 +157,7 @@ class ProcessSampler:
             raise self.died() from None
         self.busy = True
         job = self.prefetch(plan, version)
+        job.stop = self.proc.kill  # a child past rollout.overlap_timeout_s: its receiving thread then ends
 
         def work() -> None:
             try:

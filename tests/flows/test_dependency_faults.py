@@ -256,3 +256,28 @@ def test_a_failed_state_line_is_dropped_for_its_run_exception_never_for_its_text
     assert kept("Task run failed with exception: ValueError - Retries are exhausted", "b", user)
     assert kept("Finished in state Failed('Task run encountered an exception ValueError: column "
                 "OperationalError in the user's data')", "b")
+
+
+def test_the_overlap_sampler_process_killed_mid_run_is_one_line_and_the_run_resumes(tmp_path, prefect_server, capfd,
+                                                                                    caplog, monkeypatch):
+    import multiprocessing
+    import os
+    import signal
+
+    killed = []
+
+    def kill():
+        (child,) = [p for p in multiprocessing.active_children() if p.name == "exgrpo-overlap-sampler"]
+        os.kill(child.pid, signal.SIGKILL)  # as the kernel's OOM killer would
+        killed.append(child.pid)
+
+    _after_step(monkeypatch, 0, kill)
+    args = _args(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", steps=3)
+    args += ["--set", "rollout.overlap=1", "--set", "rollout.overlap_sampler=process"]
+    assert cli.main(args) == 4
+    _one_line(capfd, caplog, f"the overlap sampler process (pid {killed[0]}) died (exit code -9)",
+              "recorded failed in the experience database and MLflow; rerun the same command to resume")
+    assert sqlite_rows(tmp_path / "exp.db", "select status from runs where name='r'") == [("failed",)]
+    monkeypatch.setattr(train_flow, "PROGRESS", [])
+    assert cli.main(args) == 0  # the same command continues the same run
+    assert sqlite_rows(tmp_path / "exp.db", "select status, step from runs where name='r'") == [("finished", 2)]
