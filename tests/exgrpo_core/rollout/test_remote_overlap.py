@@ -62,7 +62,7 @@ def test_the_next_batch_is_sent_while_this_step_trains_and_the_push_waits_for_it
         out0 = loop.run_iteration(s)
         assert out0[M.FRESH_STALENESS] == 0.0 and out0["engine/sync_logprob_gap"] < 1e-4
         job = s.ahead.job
-        assert job.plan.step == 1 and job.version == 0 and not job.thread.is_alive()  # finished before the push
+        assert job.plan.step == 1 and job.version == 0 and job.thread is None and job.gens  # joined before the push
         trail = "".join(_trail(server))
         n = len(job.plan.fresh) + len(job.plan.replay)  # one request per prompt
         pause = trail.index("p")  # step 0's push
