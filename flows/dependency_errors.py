@@ -1,6 +1,6 @@
 """A service a run depends on failing mid-run (issue 35, item 6): the experience database stops answering,
 the MLflow server dies, the disk fills up, rollout.overlap's sampler process dies or its batch runs past
-rollout.overlap_timeout_s. The run is recorded failed wherever it still can be
+rollout.overlap_timeout_s, the rollout engine's weights differ from the trainer's after a push. The run is recorded failed wherever it still can be
 (`flows/train.py` `_record_end`); `exgrpo train` then prints one line naming the service and exits with
 `EXIT_CODE`, without a traceback: `quiet_dependency_faults` drops Prefect's task- and flow-failure ERROR
 records of such an exception (the line says it all), found by the exception, never by its text. Every
@@ -78,14 +78,23 @@ def _is_sampler(exc: BaseException) -> bool:
         "SamplerProcessError", "OverlapTimeout")
 
 
+def _is_engine(exc: BaseException) -> bool:
+    """A push that did not land: the rollout engine (vLLM, the rollout server, the overlap sampler's copy)
+    holds other weights than the trainer's."""
+    return any(c.__module__ == "exgrpo_core.rollout.sync" and c.__name__ == "EngineSyncError"
+               for c in type(exc).__mro__)  # by name: no torch import on the error path
+
+
 def kind(exc: BaseException) -> str | None:
-    """"database", "mlflow", "disk" or "sampler" when `exc` (or an exception it was raised from) is that
+    """"database", "mlflow", "disk", "sampler" or "engine" when `exc` (or an exception it was raised from) is that
     dependency failing; None for every other error."""
     for e in _chain(exc):
         if isinstance(e, DependencyError):
             return getattr(e, "kind", None)
         if _is_sampler(e):
             return "sampler"
+        if _is_engine(e):
+            return "engine"
         if _sqlite_full(e):
             return "disk"
         if isinstance(e, DatabaseLostError) or _is_database(e):
@@ -118,7 +127,7 @@ def dependency_error(exc: BaseException, cfg, run_dir: Path, recorded: str) -> D
                               "aside to start the run again")
         err.kind = what
         return err
-    if what == "sampler":  # rollout.overlap's sampler: its line without "; stopping the run (...)"
+    if what in ("sampler", "engine"):  # the sampler's or engine's line without "; stopping ..."
         err = DependencyError(f"{_first_line(cause).split('; stopping')[0]}; run '{cfg.run.name}' {recorded}; "
                               "rerun the same command to resume from the last checkpoint")
         err.kind = what

@@ -281,3 +281,26 @@ def test_the_overlap_sampler_process_killed_mid_run_is_one_line_and_the_run_resu
     monkeypatch.setattr(train_flow, "PROGRESS", [])
     assert cli.main(args) == 0  # the same command continues the same run
     assert sqlite_rows(tmp_path / "exp.db", "select status, step from runs where name='r'") == [("finished", 2)]
+
+
+def test_a_push_that_does_not_land_is_one_line_and_the_run_resumes(tmp_path, prefect_server, capfd, caplog,
+                                                                   monkeypatch):
+    """EngineSyncError (here the overlap sampler child's checksums, answering wrong from step 1 on) is the
+    rollout engine failing: one line naming the tensor, exit 4, and the same command resumes the run."""
+    from exgrpo_core.rollout import sampler_process
+
+    real, wrong = sampler_process.compare_checksums, []
+    monkeypatch.setattr(sampler_process, "compare_checksums",
+                        lambda *a, **k: ["model.norm.weight"] if wrong else real(*a, **k))
+    _after_step(monkeypatch, 0, lambda: wrong.append(1))
+    args = _args(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", steps=3)
+    args += ["--set", "rollout.overlap=1", "--set", "rollout.overlap_sampler=process"]
+    assert cli.main(args) == 4
+    _one_line(capfd, caplog, "overlap sampler process: weights differ from the trainer's after the copy",
+              "e.g. model.norm.weight", "recorded failed in the experience database and MLflow; rerun the same "
+              "command to resume")
+    assert sqlite_rows(tmp_path / "exp.db", "select status from runs where name='r'") == [("failed",)]
+    wrong.clear()  # the real checksums again
+    monkeypatch.setattr(train_flow, "PROGRESS", [])
+    assert cli.main(args) == 0
+    assert sqlite_rows(tmp_path / "exp.db", "select status, step from runs where name='r'") == [("finished", 2)]
